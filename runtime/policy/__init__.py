@@ -1,0 +1,15 @@
+"""The policy: pure functions from the machine and the model to the runtime's thresholds."""
+
+from runtime.policy._decide import Decision, decide_restore, estimate_recompute_ms
+from runtime.policy._fixed import fixed_tuning
+from runtime.policy._types import ModelGeometry, Rates, Tuning
+
+__all__ = [
+    "Decision",
+    "ModelGeometry",
+    "Rates",
+    "Tuning",
+    "decide_restore",
+    "estimate_recompute_ms",
+    "fixed_tuning",
+]

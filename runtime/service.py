@@ -1,0 +1,52 @@
+"""The runtime's seam: what the CLI, the HTTP API and the tests call.
+
+``LocalRuntime`` (runtime/core.py) implements it on a real model; ``FakeRuntime``
+(runtime/fake.py) implements it without one, so the layers above run in tests
+without a model. Both pass the same contract tests (tests/test_service_contract.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from runtime.types import Request, SessionInfo, Stream
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Contract:
+
+    - ``generate(request)`` validates the request at once (raising RequestError,
+      ContextOverflow) and returns a Stream; the work happens on the runtime's own
+      thread and the stream yields Token events then exactly one Done.
+    - Requests for different conversations may be submitted from many threads; the
+      runtime serves them fairly and raises Busy when ``max_queue`` are waiting.
+    - ``sessions()`` lists known conversations, newest first, with per-tier tokens.
+    - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
+      promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
+      drops chunks no other conversation uses; returns False when unknown.
+    - ``stats()`` returns a JSON-able dict of counters and tier usage.
+    - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
+    - ``close()`` stops the worker and flushes the disk tier; idempotent.
+    """
+
+    model_id: str
+    n_ctx: int
+
+    def generate(self, request: Request) -> Stream: ...
+
+    def count_tokens(self, request: Request) -> int: ...
+
+    def sessions(self) -> list[SessionInfo]: ...
+
+    def session(self, session_id: str) -> SessionInfo | None: ...
+
+    def prewarm(self, session_id: str) -> int: ...
+
+    def delete_session(self, session_id: str) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def settings_report(self) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...

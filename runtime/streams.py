@@ -1,0 +1,65 @@
+"""A thread-safe Stream: a producer thread puts events, one consumer iterates them."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+from runtime.types import Done, Event, Report, Token
+
+
+class QueueStream:
+    """Events flow producer -> consumer through a queue.
+
+    The producer calls ``put_token`` / ``finish`` / ``fail``; it polls ``cancelled``
+    between tokens. The consumer iterates; an exception passed to ``fail`` is raised
+    in the consumer. ``cancel()`` may come from any thread, at any time.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Event | BaseException] = queue.Queue()
+        self._cancel = threading.Event()
+        self._finished = threading.Event()
+
+    # producer side
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def put_token(self, text: str) -> None:
+        if text:
+            self._queue.put(Token(text))
+
+    def finish(self, report: Report) -> None:
+        if not self._finished.is_set():
+            self._finished.set()
+            self._queue.put(Done(report))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._finished.is_set():
+            self._finished.set()
+            self._queue.put(exc)
+
+    # consumer side
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, Done):
+                return
+
+    def text(self) -> tuple[str, Report]:
+        """Drains the stream: the whole reply and its report."""
+        parts: list[str] = []
+        for event in self:
+            if isinstance(event, Token):
+                parts.append(event.text)
+            else:
+                return "".join(parts), event.report
+        raise AssertionError("a stream always ends with Done")

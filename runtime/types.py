@@ -1,0 +1,127 @@
+"""Plain data that crosses the runtime's public seam (CLI, HTTP API, app, tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant"]
+TIERS: tuple[str, ...] = ("live", "ram", "disk")
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for one reply; ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One reply to produce: a chat (``messages``) or a raw completion (``prompt``)."""
+
+    messages: tuple[Message, ...] = ()
+    prompt: str | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    session_id: str | None = None
+    use_cache: bool = True
+
+
+@dataclass
+class Report:
+    """Where a reply's prompt came from and what it cost. Times in milliseconds."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    restored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    restore_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    finish_reason: FinishReason = "stop"
+    decision: str = ""
+    session_id: str | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.restored.values())
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cached_tokens"] = self.cached_tokens
+        data["prefilled_tokens"] = self.prefilled_tokens
+        return data
+
+    def summary(self) -> str:
+        parts = [f"prompt {self.prompt_tokens} tok"]
+        for tier in TIERS:
+            if self.restored.get(tier):
+                parts.append(f"{self.restored[tier]} from {tier}")
+        parts.append(f"restore {self.restore_ms:.1f} ms")
+        parts.append(f"prefill {self.prefilled_tokens} tok in {self.prefill_ms:.1f} ms")
+        parts.append(f"TTFT {self.ttft_ms:.1f} ms")
+        return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class Token:
+    """A piece of the reply's text, streamed as soon as it is decoded."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The last event of every stream."""
+
+    report: Report
+
+
+Event = Token | Done
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """The events of one reply. Iterate it; ``cancel()`` may be called from any thread
+    and ends the iteration with a ``Done`` whose finish_reason is ``cancelled``."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A conversation the runtime knows, with where its KV lives now."""
+
+    id: str
+    title: str
+    created: float
+    updated: float
+    n_tokens: int
+    tiers: dict[str, int]  # tokens of this conversation's cached prefix per tier
+    messages: tuple[Message, ...] = ()
+
+    @property
+    def location(self) -> str:
+        """The fastest tier holding any of this conversation ("none" if uncached)."""
+        for tier in TIERS:
+            if self.tiers.get(tier):
+                return tier
+        return "none"
