@@ -1,0 +1,72 @@
+"""The app's logic without Qt: the API client, the conversation store, the report
+sentences and the local-server launcher. Tested with plain pytest."""
+
+from app.core.api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
+from app.core.errors import (
+    ApiError,
+    AppError,
+    AuthError,
+    ContextFull,
+    ModelMissing,
+    ProtocolError,
+    RateLimited,
+    ServerBusy,
+    ServerUnavailable,
+    StoreError,
+    describe,
+)
+from app.core.launcher import LocalServer, is_loopback, serve_command
+from app.core.memory import MemorySnapshot, TierUsage, parse_stats
+from app.core.report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
+from app.core.store import Conversation, ConversationStore, StoredMessage
+from app.core.types import (
+    Backend,
+    ChatEvent,
+    ChatStream,
+    Finished,
+    Health,
+    Sampling,
+    ServerSetting,
+    SessionSummary,
+    TextDelta,
+)
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "SESSION_HEADER",
+    "TIERS",
+    "TIER_LABELS",
+    "ApiClient",
+    "ApiError",
+    "AppError",
+    "AuthError",
+    "Backend",
+    "ChatEvent",
+    "ChatStream",
+    "ContextFull",
+    "Conversation",
+    "ConversationStore",
+    "Finished",
+    "Health",
+    "LocalServer",
+    "MemorySnapshot",
+    "ModelMissing",
+    "ProtocolError",
+    "RateLimited",
+    "ReplyReport",
+    "Sampling",
+    "ServerBusy",
+    "ServerSetting",
+    "ServerUnavailable",
+    "SessionSummary",
+    "StoreError",
+    "StoredMessage",
+    "TextDelta",
+    "TierUsage",
+    "describe",
+    "format_bytes",
+    "format_status",
+    "is_loopback",
+    "parse_stats",
+    "serve_command",
+]

@@ -1,0 +1,279 @@
+"""The HTTP client of warmstart's OpenAI-compatible API (and of any other such server).
+
+All I/O goes through one ``httpx`` transport, so tests pass ``httpx.MockTransport``.
+httpx's errors are translated here, at the boundary, into :mod:`app.core.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from app.core.errors import ApiError, ProtocolError, ServerUnavailable, api_error_class
+from app.core.report import ReplyReport
+from app.core.sse import DONE, iter_sse_json
+from app.core.types import (
+    ChatEvent,
+    Finished,
+    Health,
+    Sampling,
+    ServerSetting,
+    SessionSummary,
+    TextDelta,
+)
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8765/v1"
+SESSION_HEADER = "X-Warmstart-Session"
+# A cold prefill of a long conversation takes seconds on a small machine (DESIGN.md:
+# 1,777 tokens in 11.9 s on 2 cores), so a reply's first byte may be slow to come.
+CHAT_TIMEOUT = httpx.Timeout(5.0, read=600.0)
+QUICK_TIMEOUT = httpx.Timeout(5.0)
+
+
+def _error_from_response(response: httpx.Response) -> ApiError:
+    try:
+        body = json.loads(response.read() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        message = str(err.get("message") or response.reason_phrase)
+        code, type_, param = err.get("code"), err.get("type"), err.get("param")
+    else:
+        message = (str(err) if err else "") or response.text[:200] or response.reason_phrase
+        code = type_ = param = None
+    retry_after: float | None = None
+    if "retry-after" in response.headers:
+        try:
+            retry_after = float(response.headers["retry-after"])
+        except ValueError:
+            retry_after = None
+    code = str(code) if code is not None else None
+    type_ = str(type_) if type_ is not None else None
+    cls = api_error_class(response.status_code, code, type_)
+    return cls(
+        response.status_code,
+        message,
+        type=type_,
+        code=code,
+        param=str(param) if param else None,
+        retry_after=retry_after,
+    )
+
+
+class ApiClient:
+    """A client of one server. Thread-safe: every call may run on a worker thread."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._transport = transport
+        self._client = self._new_client(QUICK_TIMEOUT)
+
+    def _new_client(self, timeout: httpx.Timeout) -> httpx.Client:
+        return httpx.Client(headers=self._headers, transport=self._transport, timeout=timeout)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- plain requests ------------------------------------------------------------------
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._client.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(self.base_url, type(exc).__name__) from exc
+        if response.status_code >= 400:
+            raise _error_from_response(response)
+        return response
+
+    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        response = self._request(method, url, **kwargs)
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"{url} did not return JSON") from exc
+
+    def _warmstart_json(self, method: str, path: str) -> Any | None:
+        """A warmstart-only endpoint; ``None`` when the server does not have it."""
+        try:
+            return self._json(method, f"{self.base_url}/warmstart/{path}")
+        except ApiError as exc:
+            if exc.status in (404, 405, 501):
+                return None
+            raise
+
+    def health(self) -> Health:
+        try:
+            data = self._json("GET", f"{self.root_url}/health")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            # A plain OpenAI-compatible server may have no /health: answering is enough.
+            self.models()
+            return Health(status="ok")
+        if not isinstance(data, dict):
+            raise ProtocolError("/health did not return an object")
+        progress = data.get("progress")
+        return Health(
+            status=str(data.get("status", "ok")),
+            model=str(data["model"]) if data.get("model") else None,
+            progress=float(progress) if isinstance(progress, int | float) else None,
+            raw=data,
+        )
+
+    def models(self) -> list[str]:
+        data = self._json("GET", f"{self.base_url}/models")
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise ProtocolError("/models did not return a list")
+        return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m]
+
+    def sessions(self) -> list[SessionSummary] | None:
+        data = self._warmstart_json("GET", "sessions")
+        if data is None:
+            return None
+        items = data.get("data") if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise ProtocolError("/warmstart/sessions did not return a list")
+        return [SessionSummary.from_json(s) for s in items if isinstance(s, dict)]
+
+    def delete_session(self, session_id: str) -> None:
+        self._warmstart_json("DELETE", f"sessions/{session_id}")
+
+    def prewarm(self, session_id: str) -> bool:
+        """Ask the server to bring a conversation's KV up a tier; False when unsupported
+        or when the server does not know the conversation."""
+        try:
+            return self._warmstart_json("POST", f"sessions/{session_id}/prewarm") is not None
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def stats(self) -> dict[str, Any] | None:
+        data = self._warmstart_json("GET", "stats")
+        return data if isinstance(data, dict) else None
+
+    def server_settings(self) -> dict[str, ServerSetting] | None:
+        data = self._warmstart_json("GET", "settings")
+        if not isinstance(data, dict):
+            return None
+        out: dict[str, ServerSetting] = {}
+        for name, entry in data.items():
+            if isinstance(entry, dict):
+                out[name] = ServerSetting(name, entry.get("value"), str(entry.get("reason", "")))
+            else:
+                out[name] = ServerSetting(name, entry)
+        return out
+
+    # -- streaming chat -------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        session_id: str,
+        model: str | None,
+        sampling: Sampling,
+    ) -> HttpChatStream:
+        body: dict[str, Any] = {
+            "model": model or "default",
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "user": session_id,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        return HttpChatStream(self, body, {SESSION_HEADER: session_id})
+
+
+class HttpChatStream:
+    """One streamed reply. Iterate it once, on a worker thread."""
+
+    def __init__(self, api: ApiClient, body: dict[str, Any], headers: dict[str, str]) -> None:
+        self._api = api
+        self._body = body
+        self._headers = headers
+        self._cancelled = threading.Event()
+        self._response: httpx.Response | None = None
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        response = self._response
+        if response is not None:
+            # Closing the connection is what tells the server to stop generating; the
+            # reading thread then fails or ends, and either way reports "cancelled".
+            with contextlib.suppress(Exception):  # closing may race the reading thread
+                response.close()
+
+    def __iter__(self) -> Iterator[ChatEvent]:
+        # Each reply gets its own connection, so closing it to stop cannot disturb others.
+        client = self._api._new_client(CHAT_TIMEOUT)
+        started = time.perf_counter()
+        state: dict[str, Any] = {"ttft": None, "n": 0, "finish": None, "usage": None, "x": None}
+        try:
+            yield from self._events(client, started, state)
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            if not self._cancelled.is_set():
+                raise ServerUnavailable(self._api.base_url, type(exc).__name__) from exc
+        finally:
+            client.close()
+        total = (time.perf_counter() - started) * 1000
+        cancelled = self._cancelled.is_set()
+        finish = "cancelled" if cancelled else state["finish"]
+        report = ReplyReport.from_payload(
+            state["x"], state["usage"], finish_reason=finish, ttft_ms=state["ttft"], total_ms=total
+        )
+        if cancelled and report.finish_reason != "cancelled":
+            report = ReplyReport.from_json({**report.to_json(), "finish_reason": "cancelled"})
+        if report.completion_tokens == 0 and state["n"]:
+            report = ReplyReport.from_json({**report.to_json(), "completion_tokens": state["n"]})
+        yield Finished(report)
+
+    def _events(
+        self, client: httpx.Client, started: float, state: dict[str, Any]
+    ) -> Iterator[ChatEvent]:
+        url = f"{self._api.base_url}/chat/completions"
+        with client.stream("POST", url, json=self._body, headers=self._headers) as response:
+            self._response = response
+            if response.status_code >= 400:
+                raise _error_from_response(response)
+            for payload in iter_sse_json(response.iter_lines()):
+                if self._cancelled.is_set() or payload is DONE:
+                    return
+                if not isinstance(payload, dict):
+                    continue
+                if isinstance(payload.get("error"), dict):
+                    err = payload["error"]
+                    cls = api_error_class(500, err.get("code"), err.get("type"))
+                    raise cls(500, str(err.get("message")), code=err.get("code"))
+                state["usage"] = payload.get("usage") or state["usage"]
+                state["x"] = payload.get("x_warmstart") or state["x"]
+                for choice in payload.get("choices") or []:
+                    state["finish"] = choice.get("finish_reason") or state["finish"]
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if state["ttft"] is None:
+                            state["ttft"] = (time.perf_counter() - started) * 1000
+                        state["n"] += 1
+                        yield TextDelta(text)

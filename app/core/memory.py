@@ -1,0 +1,66 @@
+"""The memory panel's figures, read tolerantly from ``GET /v1/warmstart/stats``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.report import TIERS
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    used_bytes: int = 0
+    capacity_bytes: int = 0
+    hits: int = 0
+
+    @property
+    def fill(self) -> float | None:
+        """Used over capacity, 0..1; ``None`` when the server gave no capacity."""
+        if self.capacity_bytes <= 0:
+            return None
+        return min(1.0, max(0.0, self.used_bytes / self.capacity_bytes))
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    tiers: dict[str, TierUsage] = field(default_factory=dict)
+    misses: int = 0
+
+    @property
+    def lookups(self) -> int:
+        return self.misses + sum(t.hits for t in self.tiers.values())
+
+    def hit_rate(self, tier: str) -> float | None:
+        """The share of lookups this tier served; ``None`` before the first lookup."""
+        total = self.lookups
+        if total == 0:
+            return None
+        return self.tiers.get(tier, TierUsage()).hits / total
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_stats(data: dict[str, Any]) -> MemorySnapshot:
+    """Accepts ``{"tiers": {tier: {used_bytes, capacity_bytes}}, "hits": {tier: n, "miss": n}}``
+    and ignores whatever else the server adds; missing figures read as zero."""
+    tiers_raw = data.get("tiers")
+    tiers_raw = tiers_raw if isinstance(tiers_raw, dict) else {}
+    hits_raw = data.get("hits")
+    hits_raw = hits_raw if isinstance(hits_raw, dict) else {}
+    tiers = {}
+    for tier in TIERS:
+        raw = tiers_raw.get(tier)
+        raw = raw if isinstance(raw, dict) else {}
+        hits = hits_raw.get(tier, raw.get("hits"))
+        tiers[tier] = TierUsage(
+            used_bytes=_int(raw.get("used_bytes")),
+            capacity_bytes=_int(raw.get("capacity_bytes")),
+            hits=_int(hits),
+        )
+    return MemorySnapshot(tiers=tiers, misses=_int(hits_raw.get("miss", hits_raw.get("misses"))))

@@ -1,0 +1,179 @@
+"""Conversations, their messages and the app's preferences, in one local SQLite file.
+
+The server's sessions only know cached prompts; titles, pins and the text of every
+message are the app's to keep. Used from the GUI thread only (each call is a few
+milliseconds on a local file).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import StoreError
+from app.core.migrations import migrate
+from app.core.report import ReplyReport
+
+DEFAULT_TITLE = "New conversation"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str
+    pinned: bool
+    created: float
+    updated: float
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    conversation_id: str
+    position: int
+    role: str
+    content: str
+    report: ReplyReport | None = None
+
+    def as_api(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(
+        row["id"], row["title"], bool(row["pinned"]), row["created"], row["updated"], row["model"]
+    )
+
+
+def _message(row: sqlite3.Row) -> StoredMessage:
+    report = ReplyReport.from_json(json.loads(row["report"])) if row["report"] else None
+    return StoredMessage(
+        row["id"], row["conversation_id"], row["position"], row["role"], row["content"], report
+    )
+
+
+class ConversationStore:
+    def __init__(self, path: Path | str) -> None:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            migrate(self._db)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the conversation database {path}: {exc}") from exc
+        if path != ":memory:":
+            # Conversations are the user's private text.
+            Path(path).chmod(0o600)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(str(exc)) from exc
+
+    # -- conversations ---------------------------------------------------------------
+
+    def create(self, title: str = DEFAULT_TITLE, *, model: str | None = None) -> Conversation:
+        now = time.time()
+        cid = uuid.uuid4().hex
+        self._write(
+            "INSERT INTO conversations (id, title, created, updated, model) VALUES (?,?,?,?,?)",
+            (cid, title, now, now, model),
+        )
+        return Conversation(cid, title, False, now, now, model)
+
+    def get(self, cid: str) -> Conversation | None:
+        row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (cid,)).fetchone()
+        return _conversation(row) if row else None
+
+    def conversations(self, search: str = "") -> list[Conversation]:
+        """Pinned first, then the most recently updated. ``search`` matches titles and
+        message text, case-insensitively."""
+        sql = "SELECT * FROM conversations"
+        args: tuple[Any, ...] = ()
+        if search.strip():
+            like = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%") + "%"
+            sql += (
+                " WHERE title LIKE ?1 ESCAPE '\\' OR id IN (SELECT conversation_id FROM"
+                " messages WHERE content LIKE ?1 ESCAPE '\\')"
+            )
+            args = (like,)
+        sql += " ORDER BY pinned DESC, updated DESC"
+        return [_conversation(r) for r in self._db.execute(sql, args)]
+
+    def rename(self, cid: str, title: str) -> None:
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title.strip(), cid))
+
+    def set_pinned(self, cid: str, pinned: bool) -> None:
+        self._write("UPDATE conversations SET pinned = ? WHERE id = ?", (int(pinned), cid))
+
+    def set_model(self, cid: str, model: str | None) -> None:
+        self._write("UPDATE conversations SET model = ? WHERE id = ?", (model, cid))
+
+    def delete(self, cid: str) -> None:
+        self._write("DELETE FROM conversations WHERE id = ?", (cid,))
+
+    def touch(self, cid: str) -> None:
+        self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), cid))
+
+    # -- messages ----------------------------------------------------------------------
+
+    def messages(self, cid: str) -> list[StoredMessage]:
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", (cid,)
+        )
+        return [_message(r) for r in rows]
+
+    def append(
+        self, cid: str, role: str, content: str, report: ReplyReport | None = None
+    ) -> StoredMessage:
+        row = self._db.execute(
+            "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?", (cid,)
+        ).fetchone()
+        position = int(row[0])
+        cur = self._write(
+            "INSERT INTO messages (conversation_id, position, role, content, created, report)"
+            " VALUES (?,?,?,?,?,?)",
+            (cid, position, role, content, time.time(), self._report(report)),
+        )
+        self.touch(cid)
+        return StoredMessage(int(cur.lastrowid or 0), cid, position, role, content, report)
+
+    def update(self, message_id: int, content: str, report: ReplyReport | None = None) -> None:
+        self._write(
+            "UPDATE messages SET content = ?, report = ? WHERE id = ?",
+            (content, self._report(report), message_id),
+        )
+
+    def truncate(self, cid: str, keep: int) -> None:
+        """Drop every message from position ``keep`` on (regenerate, edit-and-resend)."""
+        self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (cid, keep))
+
+    @staticmethod
+    def _report(report: ReplyReport | None) -> str | None:
+        return json.dumps(report.to_json()) if report else None
+
+    # -- preferences -------------------------------------------------------------------
+
+    def preference(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM preferences WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_preference(self, key: str, value: Any) -> None:
+        self._write(
+            "INSERT INTO preferences (key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )

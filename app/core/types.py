@@ -1,0 +1,129 @@
+"""Plain data the app's core hands to its Qt layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from app.core.report import TIERS, ReplyReport
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling sent with each request; ``seed=None`` lets the server choose."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of every chat stream, also after a stop."""
+
+    report: ReplyReport
+
+
+ChatEvent = TextDelta | Finished
+
+
+@runtime_checkable
+class ChatStream(Protocol):
+    """The events of one reply. ``cancel()`` may be called from any thread; the
+    iteration then ends soon with a ``Finished`` whose finish_reason is "cancelled"."""
+
+    def __iter__(self) -> Iterator[ChatEvent]: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str  # "ok" when the model is loaded and replies can start
+    model: str | None = None
+    progress: float | None = None  # 0..1 while loading, when the server says
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """A conversation the server holds KV for, with where that KV lives."""
+
+    id: str
+    title: str = ""
+    n_tokens: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)
+    location: str = "none"
+    updated: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionSummary:
+        tiers_raw = data.get("tiers")
+        tiers = (
+            {t: int(tiers_raw.get(t) or 0) for t in TIERS} if isinstance(tiers_raw, dict) else {}
+        )
+        location = data.get("location")
+        if location not in (*TIERS, "none"):
+            location = next((t for t in TIERS if tiers.get(t)), "none")
+        return cls(
+            id=str(data.get("id", "")),
+            title=str(data.get("title") or ""),
+            n_tokens=int(data.get("n_tokens") or 0),
+            tiers=tiers,
+            location=str(location),
+            updated=float(data.get("updated") or 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    """One threshold the server chose, with its reason ("automatic") or an override."""
+
+    name: str
+    value: Any
+    reason: str = ""
+
+
+class Backend(Protocol):
+    """What the app needs from a server. ``ApiClient`` speaks HTTP; tests pass fakes.
+
+    Every method may raise :class:`~app.core.errors.AppError`. The warmstart-only
+    methods return ``None`` when the server is a plain OpenAI-compatible one.
+    """
+
+    base_url: str
+
+    def health(self) -> Health: ...
+
+    def models(self) -> list[str]: ...
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        session_id: str,
+        model: str | None,
+        sampling: Sampling,
+    ) -> ChatStream: ...
+
+    def sessions(self) -> list[SessionSummary] | None: ...
+
+    def delete_session(self, session_id: str) -> None: ...
+
+    def prewarm(self, session_id: str) -> bool: ...
+
+    def stats(self) -> dict[str, Any] | None: ...
+
+    def server_settings(self) -> dict[str, ServerSetting] | None: ...

@@ -1,0 +1,211 @@
+"""One conversation at a time: sending, streaming the reply, stop, regenerate, edit."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from app.core.errors import describe
+from app.core.preferences import Preferences
+from app.core.report import ReplyReport, format_status
+from app.core.store import DEFAULT_TITLE, ConversationStore, StoredMessage
+from app.qt.compat import emit
+from app.qt.controllers.connection import ConnectionController
+from app.qt.workers import Jobs, StreamRunner
+
+log = logging.getLogger(__name__)
+
+
+def title_from(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else DEFAULT_TITLE
+    return first if len(first) <= 48 else first[:47].rstrip() + "…"
+
+
+class ChatController(QObject):
+    opened = Signal(str, list)  # conversation id, its messages
+    message_added = Signal(object)  # StoredMessage
+    truncated = Signal(int)  # keep this many messages of the open conversation
+    reply_started = Signal()
+    reply_delta = Signal(str)
+    reply_finished = Signal(object)  # the assistant's StoredMessage, or None when empty
+    busy_changed = Signal(bool)
+    status = Signal(str)
+    error = Signal(str)  # "" clears
+    report_received = Signal(str, object)  # conversation id, ReplyReport
+    conversations_changed = Signal()
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        connection: ConnectionController,
+        jobs: Jobs,
+        preferences: Callable[[], Preferences],
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._store = store
+        self._connection = connection
+        self._jobs = jobs
+        self._prefs = preferences
+        self.current: str | None = None
+        self._runner: StreamRunner | None = None
+        self._streaming_cid: str | None = None
+        self._partial: list[str] = []
+        self._pending: str | None = None  # a conversation waiting for the server
+        self._editing: int | None = None  # position of the user message being edited
+        connection.became_ready.connect(self._resume_pending)
+
+    @property
+    def busy(self) -> bool:
+        return self._runner is not None or self._pending is not None
+
+    @property
+    def streaming_conversation(self) -> str | None:
+        return self._streaming_cid
+
+    def partial_text(self) -> str:
+        return "".join(self._partial)
+
+    # -- conversations ---------------------------------------------------------------
+
+    def new_conversation(self) -> str:
+        conv = self._store.create(model=self._prefs().model or None)
+        emit(self.conversations_changed)
+        self.open(conv.id)
+        return conv.id
+
+    def open(self, cid: str | None) -> None:
+        self._editing = None
+        self.current = cid
+        emit(self.opened, cid or "", self._store.messages(cid) if cid else [])
+        if cid and cid == self._streaming_cid:
+            emit(self.reply_started)
+            if self._partial:
+                emit(self.reply_delta, self.partial_text())
+
+    def messages(self) -> list[StoredMessage]:
+        return self._store.messages(self.current) if self.current else []
+
+    # -- sending -----------------------------------------------------------------------
+
+    def send(self, text: str) -> bool:
+        """Add the user's message and ask for a reply; False when it cannot be sent now."""
+        text = text.strip()
+        if not text or self.busy:
+            return False
+        cid = self.current or self.new_conversation()
+        conv = self._store.get(cid)
+        if self._editing is not None:
+            self._store.truncate(cid, self._editing)
+            emit(self.truncated, self._editing)
+            self._editing = None
+        if conv and conv.title == DEFAULT_TITLE and not self._store.messages(cid):
+            self._store.rename(cid, title_from(text))
+        emit(self.message_added, self._store.append(cid, "user", text))
+        emit(self.conversations_changed)
+        self._request(cid)
+        return True
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+        elif self._pending is not None:
+            self._pending = None
+            emit(self.busy_changed, False)
+            emit(self.status, "Cancelled before the server was ready.")
+
+    def regenerate(self) -> bool:
+        msgs = self.messages()
+        if self.busy or not msgs or self.current is None:
+            return False
+        if msgs[-1].role == "assistant":
+            self._store.truncate(self.current, msgs[-1].position)
+            emit(self.truncated, msgs[-1].position)
+        if not any(m.role == "user" for m in msgs):
+            return False
+        self._request(self.current)
+        return True
+
+    def edit_last(self) -> str | None:
+        """Start editing the last user message: returns its text; the next ``send``
+        replaces it and everything after it."""
+        last_user = next((m for m in reversed(self.messages()) if m.role == "user"), None)
+        if last_user is None or self.busy:
+            return None
+        self._editing = last_user.position
+        return last_user.content
+
+    def cancel_edit(self) -> None:
+        self._editing = None
+
+    @property
+    def editing(self) -> bool:
+        return self._editing is not None
+
+    def last_reply(self) -> str:
+        return next((m.content for m in reversed(self.messages()) if m.role == "assistant"), "")
+
+    # -- the stream --------------------------------------------------------------------
+
+    def _request(self, cid: str) -> None:
+        emit(self.error, "")
+        if not self._connection.ready:
+            self._pending = cid
+            emit(self.busy_changed, True)
+            emit(self.status, "Waiting for the server; the message goes out when it is ready…")
+            return
+        prefs = self._prefs()
+        history = [m.as_api() for m in self._store.messages(cid)]
+        if prefs.system_prompt:
+            history.insert(0, {"role": "system", "content": prefs.system_prompt})
+        stream = self._connection.backend.chat(
+            history, session_id=cid, model=prefs.model or None, sampling=prefs.sampling
+        )
+        runner = StreamRunner(stream, self._jobs.pool, self)
+        runner.delta.connect(self._on_delta)
+        runner.finished.connect(lambda report: self._on_finished(cid, report))
+        runner.failed.connect(lambda exc: self._on_failed(cid, exc))
+        self._runner, self._streaming_cid, self._partial = runner, cid, []
+        emit(self.busy_changed, True)
+        if cid == self.current:
+            emit(self.reply_started)
+        emit(self.status, "Generating…")
+        runner.start()
+
+    def _resume_pending(self) -> None:
+        cid, self._pending = self._pending, None
+        if cid is not None:
+            self._request(cid)
+
+    def _on_delta(self, text: str) -> None:
+        self._partial.append(text)
+        if self._streaming_cid == self.current:
+            emit(self.reply_delta, text)
+
+    def _end_stream(self) -> str:
+        text = self.partial_text()
+        self._runner, self._streaming_cid, self._partial = None, None, []
+        emit(self.busy_changed, False)
+        return text
+
+    def _on_finished(self, cid: str, report: ReplyReport) -> None:
+        text = self._end_stream()
+        msg = self._store.append(cid, "assistant", text, report) if text else None
+        if cid == self.current:
+            emit(self.reply_finished, msg)
+        emit(self.status, format_status(report))
+        emit(self.report_received, cid, report)
+        emit(self.conversations_changed)
+
+    def _on_failed(self, cid: str, exc: BaseException) -> None:
+        text = self._end_stream()
+        log.info("reply failed: %s", exc)
+        # Keep what already arrived: the user can regenerate, or read what was there.
+        msg = self._store.append(cid, "assistant", text) if text else None
+        if cid == self.current:
+            emit(self.reply_finished, msg)
+        emit(self.error, describe(exc))
+        emit(self.status, "The reply failed.")
+        self._connection.report_error(exc)

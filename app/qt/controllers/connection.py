@@ -1,0 +1,160 @@
+"""Which server the app talks to, whether it answers, and starting a local one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.core.errors import AppError, ServerUnavailable, describe
+from app.core.launcher import LocalServer, is_loopback
+from app.core.types import Backend, Health
+from app.qt.compat import emit
+from app.qt.workers import Jobs
+
+log = logging.getLogger(__name__)
+
+CONNECTING, STARTING, READY, DOWN = "connecting", "starting", "ready", "down"
+
+
+class ConnectionController(QObject):
+    """States: connecting -> (starting ->) ready <-> down. Polls /health all along, so a
+    server that goes away is noticed, and one that comes back is picked up."""
+
+    state_changed = Signal(str)
+    message = Signal(str)  # a sentence for the banner; "" clears it
+    progress = Signal(str, object)  # startup step, fraction 0..1 or None
+    became_ready = Signal(object)  # Health; on the first connection and every recovery
+    capabilities = Signal(bool)  # True when the server has warmstart's own endpoints
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        backend: Backend,
+        *,
+        launcher: Callable[[], LocalServer] | None = None,
+        poll_ready_ms: int = 3000,
+        poll_down_ms: int = 1000,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._jobs = jobs
+        self.backend = backend
+        self._launcher = launcher
+        self._local: LocalServer | None = None
+        self.state = CONNECTING
+        self.health: Health | None = None
+        self.is_warmstart: bool | None = None
+        self._in_flight = False
+        self._poll_ready_ms, self._poll_down_ms = poll_ready_ms, poll_down_ms
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(self.check)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    def start(self) -> None:
+        self._set_state(CONNECTING, f"Connecting to {self.backend.base_url}…")
+        self.check()
+
+    def set_backend(self, backend: Backend) -> None:
+        self.backend = backend
+        self.is_warmstart = None
+        self.start()
+
+    def check(self) -> None:
+        if self._in_flight or self.state == STARTING:
+            return
+        self._in_flight = True
+        self._jobs.submit(self.backend.health, self._on_health, self._on_health_error)
+
+    def report_error(self, exc: BaseException) -> None:
+        """Another controller's request failed; a lost server switches us to 'down'."""
+        if isinstance(exc, ServerUnavailable) and self.state == READY:
+            self._set_state(DOWN, describe(exc))
+            self._schedule()
+
+    def shutdown(self) -> None:
+        self._timer.stop()
+        if self._local is not None:
+            self._local.stop()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _set_state(self, state: str, message: str = "") -> None:
+        changed = state != self.state
+        self.state = state
+        emit(self.message, message)
+        if changed:
+            emit(self.state_changed, state)
+
+    def _schedule(self) -> None:
+        self._timer.start(self._poll_ready_ms if self.state == READY else self._poll_down_ms)
+
+    def _on_health(self, health: Health) -> None:
+        self._in_flight = False
+        if health.ready:
+            self._on_ready(health)
+        else:
+            self._set_state(CONNECTING, f"Loading {health.model or 'the model'}…")
+            emit(self.progress, f"Loading {health.model or 'the model'}…", health.progress)
+        self._schedule()
+
+    def _on_health_error(self, exc: BaseException) -> None:
+        self._in_flight = False
+        first = self.state == CONNECTING and self._local is None
+        if (
+            first
+            and isinstance(exc, ServerUnavailable)
+            and self._launcher is not None
+            and is_loopback(self.backend.base_url)
+        ):
+            self._launch()
+            return
+        if isinstance(exc, AppError) and not isinstance(exc, ServerUnavailable):
+            # It answered, just not with "ok" (e.g. 503 while loading): keep waiting.
+            emit(self.progress, describe(exc), None)
+        if self.state != DOWN:
+            self._set_state(DOWN, describe(exc))
+        self._schedule()
+
+    def _on_ready(self, health: Health) -> None:
+        was_ready = self.state == READY
+        self.health = health
+        self._set_state(READY, "")
+        if not was_ready:
+            emit(self.progress, "", 1.0)
+            emit(self.became_ready, health)
+            self._jobs.submit(self.backend.sessions, self._on_sessions, lambda _e: None)
+
+    def _on_sessions(self, sessions: object) -> None:
+        self.is_warmstart = sessions is not None
+        emit(self.capabilities, self.is_warmstart)
+
+    def _launch(self) -> None:
+        assert self._launcher is not None
+        self._local = self._launcher()
+        self._set_state(STARTING, "Starting the local warmstart server…")
+        server, backend = self._local, self.backend
+
+        def run() -> Health:
+            server.start()
+            return server.wait_ready(
+                backend.health, progress=lambda m, p: emit(self.progress, m, p)
+            )
+
+        self._jobs.submit(run, self._on_launched, self._on_launch_failed)
+
+    def _on_launched(self, health: Health) -> None:
+        self.state = CONNECTING  # leave STARTING so _on_ready announces the change
+        self._on_ready(health)
+        self._schedule()
+
+    def _on_launch_failed(self, exc: BaseException) -> None:
+        log.warning("local server failed to start: %s", exc)
+        self._set_state(DOWN, f"Could not start a local server: {describe(exc)}")
+        emit(self.progress, "", None)
+        self._schedule()

@@ -1,0 +1,97 @@
+"""The conversation list: search, rename, pin, delete, and prewarming recent ones."""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, Signal
+
+from app.core.store import ConversationStore
+from app.core.types import SessionSummary
+from app.qt.compat import emit
+from app.qt.controllers.connection import ConnectionController
+from app.qt.models import ConversationListModel
+from app.qt.workers import Jobs
+
+log = logging.getLogger(__name__)
+
+
+class LibraryController(QObject):
+    prewarm_progress = Signal(int, int)  # done, total; total 0 = nothing to do
+    deleted = Signal(str)
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        model: ConversationListModel,
+        connection: ConnectionController,
+        jobs: Jobs,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._store = store
+        self.model = model
+        self._connection = connection
+        self._jobs = jobs
+        self.search_text = ""
+        self.reload()
+
+    def reload(self) -> None:
+        self.model.set_conversations(self._store.conversations(self.search_text))
+
+    def set_search(self, text: str) -> None:
+        self.search_text = text
+        self.reload()
+
+    def rename(self, cid: str, title: str) -> None:
+        if title.strip():
+            self._store.rename(cid, title)
+            self.reload()
+
+    def set_pinned(self, cid: str, pinned: bool) -> None:
+        self._store.set_pinned(cid, pinned)
+        self.reload()
+
+    def toggle_pinned(self, cid: str) -> None:
+        conv = self._store.get(cid)
+        if conv:
+            self.set_pinned(cid, not conv.pinned)
+
+    def delete(self, cid: str) -> None:
+        """Forget the conversation here and its KV on the server (best effort: a server
+        that is down or does not know it changes nothing for the user)."""
+        self._store.delete(cid)
+        self.reload()
+        emit(self.deleted, cid)
+        backend = self._connection.backend
+        self._jobs.submit(
+            lambda: backend.delete_session(cid),
+            on_error=lambda exc: log.info("server kept session %s: %s", cid, exc),
+        )
+
+    def apply_sessions(self, sessions: list[SessionSummary] | None) -> None:
+        self.model.set_sessions(sessions)
+
+    def prewarm_recent(self, count: int) -> None:
+        """Ask the server to bring the ``count`` most recent conversations up to RAM, one
+        after the other, so the first question in each is answered from cache."""
+        ids = [c.id for c in self._store.conversations()[:count]]
+        emit(self.prewarm_progress, 0, len(ids))
+        if not ids:
+            return
+        backend = self._connection.backend
+        state = {"done": 0}
+
+        def step(_result: object = None) -> None:
+            if state["done"] >= len(ids):
+                return
+            cid = ids[state["done"]]
+            state["done"] += 1
+
+            def after(_r: object = None) -> None:
+                emit(self.prewarm_progress, state["done"], len(ids))
+                step()
+
+            self._jobs.submit(lambda: backend.prewarm(cid), after, after)
+
+        step()

@@ -1,0 +1,131 @@
+"""A fake backend that implements the app's ``Backend`` interface, without HTTP."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from app.core.errors import ServerUnavailable
+from app.core.report import ReplyReport
+from app.core.types import (
+    ChatEvent,
+    Finished,
+    Health,
+    Sampling,
+    ServerSetting,
+    SessionSummary,
+    TextDelta,
+)
+
+
+class FakeStream:
+    def __init__(
+        self,
+        pieces: list[str],
+        report: ReplyReport,
+        gate: threading.Event | None,
+        up: bool = True,
+    ):
+        self.up = up
+        self.pieces = pieces
+        self.report = report
+        self.gate = gate
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.gate:
+            self.gate.set()
+
+    def __iter__(self) -> Iterator[ChatEvent]:
+        if not self.up:  # like HTTP, the connection is made when iteration starts
+            raise ServerUnavailable(FakeBackend.base_url, "ConnectError")
+        for i, piece in enumerate(self.pieces):
+            if i == 1 and self.gate is not None:
+                self.gate.wait(10)  # hold after the first piece, so a test can press stop
+            if self.cancelled.is_set():
+                yield Finished(ReplyReport(finish_reason="cancelled", completion_tokens=i))
+                return
+            yield TextDelta(piece)
+        yield Finished(self.report)
+
+
+class FakeBackend:
+    base_url = "http://127.0.0.1:1/v1"
+
+    def __init__(self) -> None:
+        self.up = True
+        self.warmstart = True
+        self.reply = ["Hello", " there", "!"]
+        self.gate: threading.Event | None = None
+        self.requests: list[dict[str, Any]] = []
+        self.known: dict[str, int] = {}
+        self.prewarmed: list[str] = []
+        self.deleted: list[str] = []
+
+    def _check(self) -> None:
+        if not self.up:
+            raise ServerUnavailable(self.base_url, "ConnectError")
+
+    def health(self) -> Health:
+        self._check()
+        return Health(status="ok", model="fake-model")
+
+    def models(self) -> list[str]:
+        self._check()
+        return ["fake-model"]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        session_id: str,
+        model: str | None,
+        sampling: Sampling,
+    ) -> FakeStream:
+        self.requests.append({"messages": messages, "session_id": session_id, "model": model})
+        cached = self.known.get(session_id, 0)
+        prompt = sum(len(m["content"].split()) + 4 for m in messages)
+        self.known[session_id] = prompt + len(self.reply)
+        report = ReplyReport(
+            prompt_tokens=prompt,
+            completion_tokens=len(self.reply),
+            restored={"ram": cached} if cached else {},
+            restore_ms=9.0 if cached else 0.0,
+            prefill_ms=80.0,
+            ttft_ms=95.0,
+            cached_tokens=cached,
+            warmstart=self.warmstart,
+        )
+        return FakeStream(list(self.reply), report, self.gate, self.up)
+
+    def sessions(self) -> list[SessionSummary] | None:
+        self._check()
+        if not self.warmstart:
+            return None
+        return [
+            SessionSummary(id=k, n_tokens=n, tiers={"ram": n}, location="ram")
+            for k, n in self.known.items()
+        ]
+
+    def delete_session(self, session_id: str) -> None:
+        self.deleted.append(session_id)
+
+    def prewarm(self, session_id: str) -> bool:
+        self.prewarmed.append(session_id)
+        return True
+
+    def stats(self) -> dict[str, Any] | None:
+        self._check()
+        if not self.warmstart:
+            return None
+        return {
+            "tiers": {"ram": {"used_bytes": 10, "capacity_bytes": 100}},
+            "hits": {"ram": 1, "miss": 3},
+        }
+
+    def server_settings(self) -> dict[str, ServerSetting] | None:
+        if not self.warmstart:
+            return None
+        return {"n_ctx": ServerSetting("n_ctx", 4096, "fits the VRAM")}

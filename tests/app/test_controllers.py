@@ -1,0 +1,173 @@
+"""Controllers with a fake backend: behaviour without widgets and without HTTP."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.core.preferences import Preferences
+from app.core.store import ConversationStore
+from app.qt.controllers import (
+    ChatController,
+    ConnectionController,
+    LibraryController,
+    MemoryController,
+)
+from app.qt.models import ConversationListModel, Roles
+from app.qt.workers import Jobs
+
+
+@pytest.fixture
+def parts(qapp, fake_backend):
+    store = ConversationStore(":memory:")
+    jobs = Jobs()
+    conn = ConnectionController(jobs, fake_backend, poll_ready_ms=50, poll_down_ms=50)
+    chat = ChatController(store, conn, jobs, Preferences)
+    model = ConversationListModel()
+    library = LibraryController(store, model, conn, jobs)
+    chat.conversations_changed.connect(library.reload)
+    memory = MemoryController(conn, jobs, interval_ms=50)
+    yield store, jobs, conn, chat, library, memory
+    conn.shutdown()
+    jobs.wait(5000)
+
+
+def connect(qtbot, conn):
+    with qtbot.waitSignal(conn.became_ready, timeout=5000):
+        conn.start()
+
+
+def test_send_streams_and_stores_the_reply(qtbot, parts, fake_backend):
+    store, _jobs, conn, chat, library, _memory = parts
+    connect(qtbot, conn)
+    deltas: list[str] = []
+    chat.reply_delta.connect(deltas.append)
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000) as done:
+        assert chat.send("hi there")
+    assert "".join(deltas) == "Hello there!"
+    assert done.args[0].content == "Hello there!"
+    cid = chat.current
+    assert [m.role for m in store.messages(cid)] == ["user", "assistant"]
+    assert fake_backend.requests[0]["session_id"] == cid
+    assert store.get(cid).title == "hi there"
+    assert library.model.rowCount() == 1
+
+
+def test_second_reply_reports_a_cache_hit(qtbot, parts):
+    _store, _jobs, conn, chat, _library, _memory = parts
+    connect(qtbot, conn)
+    statuses: list[str] = []
+    chat.status.connect(statuses.append)
+    for text in ("first", "second"):
+        with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+            chat.send(text)
+    assert statuses[-1].startswith("restored ")
+    assert "from RAM in 9 ms" in statuses[-1]
+
+
+def test_stop_keeps_the_partial_reply(qtbot, parts, fake_backend):
+    store, _jobs, conn, chat, _library, _memory = parts
+    connect(qtbot, conn)
+    fake_backend.gate = threading.Event()
+    with qtbot.waitSignal(chat.reply_delta, timeout=5000):
+        chat.send("tell me")
+    assert chat.busy
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.stop()
+    assert not chat.busy
+    assert store.messages(chat.current)[-1].content == "Hello"
+    assert store.messages(chat.current)[-1].report.finish_reason == "cancelled"
+
+
+def test_regenerate_and_edit_last(qtbot, parts, fake_backend):
+    store, _jobs, conn, chat, _library, _memory = parts
+    connect(qtbot, conn)
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.send("one")
+    fake_backend.reply = ["Again"]
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        assert chat.regenerate()
+    assert [m.content for m in store.messages(chat.current)] == ["one", "Again"]
+    assert chat.edit_last() == "one"
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.send("uno")
+    assert [m.content for m in store.messages(chat.current)] == ["uno", "Again"]
+    assert fake_backend.requests[-1]["messages"] == [{"role": "user", "content": "uno"}]
+
+
+def test_server_down_then_back(qtbot, parts, fake_backend):
+    _store, _jobs, conn, chat, _library, _memory = parts
+    connect(qtbot, conn)
+    fake_backend.up = False
+    errors: list[str] = []
+    chat.error.connect(errors.append)
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.send("anyone?")
+    assert "not answering" in errors[-1]
+    assert conn.state == "down"
+    fake_backend.up = True
+    with qtbot.waitSignal(conn.became_ready, timeout=5000):
+        pass
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        assert chat.regenerate()
+
+
+def test_message_sent_before_the_server_is_ready_waits_for_it(qtbot, parts, fake_backend):
+    _store, _jobs, conn, chat, _library, _memory = parts
+    fake_backend.up = False
+    conn.start()
+    qtbot.waitUntil(lambda: conn.state == "down", timeout=5000)
+    assert chat.send("early bird")
+    assert chat.busy and not fake_backend.requests
+    fake_backend.up = True
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        pass
+    assert fake_backend.requests
+
+
+def test_library_search_pin_delete_and_locations(qtbot, parts, fake_backend):
+    store, _jobs, conn, chat, library, memory = parts
+    connect(qtbot, conn)
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.send("about cats")
+    cats = chat.current
+    other = chat.new_conversation()
+    library.set_pinned(cats, True)
+    assert library.model.conversation(0).id == cats
+    library.set_search("cats")
+    assert library.model.rowCount() == 1
+    library.set_search("")
+    with qtbot.waitSignal(memory.sessions, timeout=5000) as got:
+        memory.refresh()
+    library.apply_sessions(got.args[0])
+    row = library.model.row_of(cats)
+    assert library.model.data(library.model.index(row), Roles.Location) == "ram"
+    library.delete(other)
+    qtbot.waitUntil(lambda: fake_backend.deleted == [other], timeout=5000)
+    assert store.get(other) is None
+
+
+def test_prewarm_recent_goes_one_by_one(qtbot, parts, fake_backend):
+    _store, _jobs, conn, chat, library, _memory = parts
+    connect(qtbot, conn)
+    ids = [chat.new_conversation() for _ in range(3)]
+    with qtbot.waitSignal(
+        library.prewarm_progress, timeout=5000, check_params_cb=lambda d, t: d == t == 2
+    ):
+        library.prewarm_recent(2)
+    assert fake_backend.prewarmed == [ids[2], ids[1]]
+
+
+def test_memory_controller_history_and_plain_servers(qtbot, parts, fake_backend):
+    _store, _jobs, conn, chat, _library, memory = parts
+    chat.report_received.connect(memory.add_report)
+    connect(qtbot, conn)
+    with qtbot.waitSignal(memory.history_changed, timeout=5000):
+        chat.send("q")
+    assert len(memory.points) == 1
+    fake_backend.warmstart = False
+    qtbot.waitUntil(lambda: not memory.polling, timeout=5000)
+    with qtbot.waitSignal(memory.snapshot, timeout=5000) as got:
+        memory.refresh()
+    assert got.args[0] is None
