@@ -89,7 +89,9 @@ class Settings(BaseSettings):
     # the HTTP API
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8765, ge=0, le=65535, description="port to bind")
-    api_key: str | None = Field(None, min_length=8, description="Bearer key (required off loopback)")
+    api_key: str | None = Field(
+        None, min_length=8, description="Bearer key (required off loopback)"
+    )
     cors_origins: tuple[str, ...] = Field((), description="origins allowed by CORS (none: off)")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")
     max_queue: int = Field(16, ge=1, le=4096, description="requests waiting before 429")

@@ -1,0 +1,257 @@
+"""One request on the worker thread: find the cached prefix, restore or recompute,
+prefill the rest, stream the reply, then capture the new chunks.
+
+``Job.steps()`` is a generator: each ``next()`` does a bounded piece of work, so
+the worker can interleave requests of different conversations fairly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runtime.engine._engine import Engine, Resident
+from runtime.engine._text import TextAssembler
+from runtime.kvstore._keys import chunk_key, cut_points
+from runtime.kvstore._ledger import Hit
+from runtime.kvstore._store import TieredStore
+from runtime.policy import Rates, Tuning, decide_restore
+from runtime.streams import QueueStream
+from runtime.types import Message, Report, Request
+
+if TYPE_CHECKING:
+    from runtime.sessions import SessionBook
+
+log = logging.getLogger(__name__)
+PREFILL_STEP = 512  # tokens prefilled before yielding to other conversations
+
+
+@dataclass
+class Env:
+    """What a job needs from the runtime (narrow on purpose)."""
+
+    engine: Engine
+    store: TieredStore | None
+    tuning: Tuning
+    rates: Rates
+    sessions: SessionBook | None
+
+
+class Job:
+    def __init__(
+        self,
+        env: Env,
+        request: Request,
+        ids: list[int],
+        anchor: int,
+        stream: QueueStream,
+        session_id: str | None,
+        want_logits: bool = False,
+    ) -> None:
+        self.env, self.request, self.ids, self.anchor = env, request, ids, anchor
+        self.want_logits = want_logits
+        self.logits = None
+        self.stream = stream
+        self.report = Report(prompt_tokens=len(ids), session_id=session_id)
+        self.t0 = time.perf_counter()
+
+    def steps(self) -> Iterator[None]:
+        engine = self.env.engine
+        res = self._claim()
+        sampler = None
+        try:
+            have = self._restore(res)
+            yield
+            t1 = time.perf_counter()
+            while have < len(self.ids):
+                piece = self.ids[have : have + PREFILL_STEP]
+                engine.decode(piece, res.seq, have, want_logits=have + len(piece) == len(self.ids))
+                have += len(piece)
+                res.tokens = self.ids[:have]
+                if have < len(self.ids):
+                    yield
+            self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
+            if self.want_logits:  # the next-token distribution is the answer (tests, bench)
+                self.logits = engine.ctx.logits()
+                self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
+            else:
+                sampler = engine.sampler(self.request.sampling)
+                yield from self._generate(res, sampler)
+            self.report.total_ms = 1000 * (time.perf_counter() - self.t0)
+            self.stream.finish(self.report)
+            yield
+            leaf = self._capture(res)
+            self._save_session(leaf, len(res.tokens))
+        finally:
+            if sampler is not None:
+                sampler.close()
+            res.busy = False
+            res.last_used = time.monotonic()
+
+    # step 1: a sequence and the longest prefix we already have --------------------------
+    def _claim(self) -> Resident:
+        engine = self.env.engine
+        limit = len(self.ids) - 1  # the last prompt token is always decoded, for its logits
+        best, live = engine.best_resident(self.ids) if self.request.use_cache else (None, 0)
+        live = min(live, limit)
+        if best is not None and len(best.tokens) - live < self.env.tuning.chunk_tokens:
+            res = best  # this conversation continues where it lives
+            engine.ctx.seq_rm(res.seq, live, -1)
+        else:
+            res = self._free_resident(exclude=best)
+            if best is not None and live > 0:
+                engine.ctx.seq_cp(best.seq, res.seq, 0, live)  # shared prefix: cells are shared
+            else:
+                live = 0
+        res.busy = True
+        res.tokens = self.ids[:live]
+        self.report.restored["live"] = live
+        return res
+
+    def _free_resident(self, exclude: Resident | None) -> Resident:
+        engine = self.env.engine
+        idle = [r for r in engine.residents if not r.busy and r is not exclude]
+        res = min(idle, key=lambda r: (bool(r.tokens), r.last_used))
+        engine.evict(res)
+        return res
+
+    def _restore(self, res: Resident) -> int:
+        """Restores what the store holds beyond the live prefix, when that pays."""
+        have = len(res.tokens)
+        store = self.env.store
+        if store is None or not self.request.use_cache or not self.env.engine.chunkable:
+            self.report.decision = (
+                "cache off"
+                if store is None or not self.request.use_cache
+                else "model cannot be chunked: recomputed"
+            )
+            return have
+        t = time.perf_counter()
+        hits = store.lookup(self.ids[: len(self.ids) - 1])
+        bad: list[bytes] = []
+        try:
+            have = self._restore_hits(res, [h for h in hits if h.end > have], have, bad)
+        finally:
+            store.release(hits)
+            store.drop(bad)
+        self.report.restore_ms = 1000 * (time.perf_counter() - t)
+        return have
+
+    def _restore_hits(self, res: Resident, needed: list[Hit], have: int, bad: list[bytes]) -> int:
+        engine, store = self.env.engine, self.env.store
+        assert store is not None
+        if not needed:
+            self.report.decision = "live hit" if have else "miss"
+            return have
+        tiers = [h.record.tier or "disk" for h in needed]
+        nbytes = sum(
+            h.record.nbytes * (h.end - max(h.record.start, have)) // len(h.record.tokens)
+            for h in needed
+        )
+        slowest = "disk" if "disk" in tiers else "ram"
+        decision = decide_restore(
+            needed[-1].end - have,
+            nbytes,
+            slowest,
+            self.env.tuning.swap_in_threshold_tokens,
+            self.env.rates,
+        )
+        self.report.decision = decision.reason
+        if not decision.restore:
+            return have
+        start = have
+        for hit, tier in zip(needed, tiers, strict=True):
+            blob = store.read(hit.record)
+            if blob is None or not engine.restore(
+                blob, res.seq, max(hit.record.start, have), hit.end
+            ):
+                if blob is not None:
+                    log.warning(
+                        "llama.cpp refused chunk %s; recomputing from token %d",
+                        hit.record.key.hex()[:12],
+                        have,
+                    )
+                    bad.append(hit.record.key)
+                break
+            self.report.restored[tier] += hit.end - have
+            have = hit.end
+        if engine.ctx.seq_pos_max(res.seq) != have - 1:
+            # a gap or overlap in positions: the restored state cannot be trusted
+            log.warning("restored positions do not line up; recomputing the whole prompt")
+            engine.ctx.seq_rm(res.seq)
+            self.report.restored = dict.fromkeys(self.report.restored, 0)
+            self.report.decision = "restore inconsistent: recomputed"
+            return 0
+        if have < needed[-1].end:
+            self.report.decision += f" (stopped at token {have}: chunk missing or refused)"
+        res.tokens = self.ids[:have]
+        log.debug("restored [%d, %d) for seq %d", start, have, res.seq)
+        return have
+
+    # step 2: the reply -----------------------------------------------------------------
+    def _generate(self, res: Resident, sampler) -> Iterator[None]:  # type: ignore[no-untyped-def]
+        engine, sampling = self.env.engine, self.request.sampling
+        text = TextAssembler(sampling.stop)
+        budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
+        n = 0
+        finish = "length"
+        while True:
+            if self.stream.cancelled:
+                finish = "cancelled"
+                break
+            token = sampler.sample(engine.ctx)
+            if n == 0:
+                self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
+            if engine.model.is_eog(token):
+                finish = "stop"
+                break
+            n += 1
+            self.stream.put_token(text.feed(engine.model.piece(token)))
+            if text.stopped:
+                finish = "stop"
+                break
+            if n >= budget:
+                break
+            engine.decode([token], res.seq, len(res.tokens))
+            res.tokens.append(token)
+            yield
+        self.stream.put_token(text.flush())
+        self.report.completion_tokens = n
+        self.report.finish_reason = finish  # type: ignore[assignment]
+        self.reply = text.text
+
+    # step 3: keep what was computed ----------------------------------------------------------
+    def _capture(self, res: Resident) -> bytes | None:
+        """Copies every chunk of this conversation not stored yet into the store (cost
+        proportional to the new tokens); returns the key of the last one."""
+        store, engine = self.env.store, self.env.engine
+        if store is None or not self.request.use_cache or not engine.chunkable:
+            return None
+        tokens = list(res.tokens)
+        parent, c0, leaf = store.root, 0, None
+        for c1 in cut_points(len(tokens), self.env.tuning.chunk_tokens, self.anchor):
+            segment = tokens[c0:c1]
+            key = chunk_key(parent, segment)
+            if key not in store:
+                reservation = store.reserve(engine.blob_bytes(len(segment)) + 4096)
+                try:
+                    nbytes = engine.capture(res.seq, c0, c1, reservation.buffer)
+                except Exception:
+                    store.abort(reservation)
+                    log.exception("capture of [%d, %d) failed; it will be recomputed", c0, c1)
+                    return leaf
+                store.commit(reservation, key, parent, c0, segment, nbytes)
+            parent, leaf, c0 = key, key, c1
+        return leaf
+
+    def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
+        book, sid = self.env.sessions, self.report.session_id
+        if book is None or sid is None:
+            return
+        messages = self.request.messages
+        if getattr(self, "reply", None) is not None:
+            messages = (*messages, Message("assistant", self.reply))
+        book.save(sid, messages, n_tokens, self.env.engine.fingerprint, leaf)

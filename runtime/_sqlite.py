@@ -1,0 +1,53 @@
+"""SQLite with named, ordered migrations (every database warmstart writes is versioned)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from runtime.errors import CacheError
+
+Migration = tuple[str, str]  # (name, SQL script); never edit one that has shipped
+
+
+def connect(path: Path, migrations: Sequence[Migration]) -> sqlite3.Connection:
+    """Opens (creating if needed) a database and applies the migrations it lacks, in order."""
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        migrate(conn, migrations)
+    except sqlite3.DatabaseError as exc:
+        raise CacheError(f"{path}: {exc}") from exc
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(str(path) + suffix)
+        if p.exists():
+            p.chmod(0o600)
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:
+    """Applies pending migrations; returns the names applied now."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied REAL)"
+    )
+    done = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")}
+    applied = []
+    for name, script in migrations:
+        if name in done:
+            continue
+        conn.execute("BEGIN")
+        try:
+            for statement in filter(None, (s.strip() for s in script.split(";"))):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations (name, applied) VALUES (?, ?)", (name, time.time())
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        applied.append(name)
+    return applied

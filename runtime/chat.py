@@ -1,0 +1,99 @@
+"""The interactive `warmstart chat` loop (CLI output; print is allowed)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from runtime.sessions import new_session_id
+from runtime.types import Message, Request, Sampling
+
+HELP = "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves"
+
+
+class ChatLoop:
+    def __init__(
+        self,
+        rt: Any,
+        session_id: str | None,
+        system: str,
+        max_tokens: int,
+        temperature: float,
+        print_reply: Callable[[Any], Any],
+        read: Callable[[str], str] = input,
+    ) -> None:
+        self.rt, self.system = rt, system
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens)
+        self.print_reply, self.read = print_reply, read
+        self.session_id = session_id or new_session_id()
+        self.messages: list[Message] = []
+        if session_id:
+            self._resume(session_id)
+
+    def _resume(self, session_id: str) -> None:
+        info = self.rt.session(session_id)
+        if info is None:
+            print(f"no conversation {session_id}; starting it", file=sys.stderr)
+        else:
+            self.messages = list(info.messages)
+            print(
+                f"resumed {session_id}: {info.title} ({len(self.messages)} messages, "
+                f"cached: {info.location})",
+                file=sys.stderr,
+            )
+        self.session_id = session_id
+
+    def run(self) -> int:
+        print(f"conversation {self.session_id} ({HELP})", file=sys.stderr)
+        while True:
+            try:
+                line = self.read("> ").strip()
+            except EOFError:
+                return 0
+            if not line:
+                continue
+            if line.startswith("/") and self._command(line):
+                return 0
+            if not line.startswith("/"):
+                self._turn(line)
+
+    def _command(self, line: str) -> bool:
+        cmd, _, arg = line.partition(" ")
+        if cmd == "/quit":
+            return True
+        if cmd == "/new":
+            self.session_id, self.messages = new_session_id(), []
+            print(f"conversation {self.session_id}", file=sys.stderr)
+        elif cmd == "/list":
+            for s in self.rt.sessions():
+                print(f"{s.id}  {s.location:5s} {s.n_tokens:6d} tok  {s.title}")
+        elif cmd == "/resume" and arg:
+            self._resume(arg.strip())
+        else:
+            print(HELP, file=sys.stderr)
+        return False
+
+    def _turn(self, text: str) -> None:
+        if not self.messages and self.system:
+            self.messages.append(Message("system", self.system))
+        self.messages.append(Message("user", text))
+        request = Request(
+            messages=tuple(self.messages), sampling=self.sampling, session_id=self.session_id
+        )
+        reply: list[str] = []
+
+        def tee(stream: Any) -> Any:
+            from runtime.types import Token
+
+            class Tee:
+                def __iter__(self_inner):  # type: ignore[no-untyped-def]
+                    for event in stream:
+                        if isinstance(event, Token):
+                            reply.append(event.text)
+                        yield event
+
+            return self.print_reply(Tee())
+
+        tee(self.rt.generate(request))
+        self.messages.append(Message("assistant", "".join(reply)))

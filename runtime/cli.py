@@ -1,0 +1,287 @@
+"""The ``warmstart`` command line. Output here is the CLI's own: print is allowed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from runtime.errors import WarmstartError
+from runtime.settings import Settings, load_settings
+
+log = logging.getLogger("warmstart")
+
+_DEFAULT_SYSTEM = "You are a helpful, concise assistant."
+
+
+# settings flags, generated from the one schema ------------------------------------------------
+def _flag_type(annotation: Any) -> tuple[Any, bool]:
+    """(converter, is_bool) for a Settings field annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
+    if base is bool:
+        return None, True
+    if typing.get_origin(base) is tuple:
+        return lambda v: tuple(x.strip() for x in v.split(",") if x.strip()), False
+    if typing.get_origin(base) is typing.Literal:
+        return str, False
+    return base, False
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (also WARMSTART_<NAME> or the config file)")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        conv, is_bool = _flag_type(field.annotation)
+        if is_bool:
+            group.add_argument(
+                flag,
+                dest=name,
+                action="store_const",
+                const=True,
+                default=None,
+                help=field.description,
+            )
+        else:
+            group.add_argument(flag, dest=name, type=conv, default=None, help=field.description)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return load_settings(**{n: getattr(args, n, None) for n in Settings.model_fields})
+
+
+# commands ------------------------------------------------------------------------------------
+def _open_runtime(settings: Settings):  # type: ignore[no-untyped-def]
+    from runtime.factory import open_runtime
+
+    return open_runtime(settings, progress=lambda msg: print(msg, file=sys.stderr))
+
+
+def _print_reply(stream: Any) -> Any:
+    from runtime.types import Done, Token
+
+    report = None
+    for event in stream:
+        if isinstance(event, Token):
+            print(event.text, end="", flush=True)
+        elif isinstance(event, Done):
+            report = event.report
+    print()
+    if report is not None:
+        print(f"[{report.summary()}]", file=sys.stderr)
+    return report
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from runtime.types import Message, Request, Sampling
+
+    settings = settings_from(args)
+    messages: list[Message] = [Message("system", args.system)] if args.system else []
+    rt = _open_runtime(settings)
+    try:
+        if args.session:
+            info = rt.session(args.session)
+            if info is not None:
+                messages = list(info.messages)
+        messages.append(Message("user", args.question))
+        sampling = Sampling(
+            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+        )
+        _print_reply(
+            rt.generate(
+                Request(
+                    messages=tuple(messages),
+                    sampling=sampling,
+                    session_id=args.session,
+                    use_cache=not settings.no_cache,
+                )
+            )
+        )
+    finally:
+        rt.close()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from runtime.chat import ChatLoop
+
+    settings = settings_from(args)
+    rt = _open_runtime(settings)
+    try:
+        return ChatLoop(
+            rt,
+            args.session,
+            args.system,
+            args.max_tokens,
+            args.temperature,
+            print_reply=_print_reply,
+        ).run()
+    finally:
+        rt.close()
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from runtime.sessions import SessionBook
+
+    settings = settings_from(args)
+    book = SessionBook(settings.data_dir / "sessions.db")
+    try:
+        if args.action == "list":
+            for row in book.list():
+                print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}")
+        elif args.action == "show":
+            row = book.get(args.id or "")
+            if row is None:
+                print(f"no session {args.id}", file=sys.stderr)
+                return 1
+            for m in row.messages:
+                print(f"{m.role}: {m.content}\n")
+        elif args.action == "delete":
+            rt = _open_runtime(settings)
+            try:
+                ok = rt.delete_session(args.id or "")
+            finally:
+                rt.close()
+            print("deleted" if ok else f"no session {args.id}")
+            return 0 if ok else 1
+    finally:
+        book.close()
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    rt = _open_runtime(settings)
+    try:
+        if args.action == "clear":
+            if rt.store is not None:
+                rt.store.clear()
+            print("cache cleared")
+        else:
+            print(json.dumps(rt.stats(), indent=2))
+    finally:
+        rt.close()
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from runtime.models import ModelManager
+
+    settings = settings_from(args)
+    mm = ModelManager(settings.models_dir)
+    if args.action == "pull":
+        print(mm.pull(args.name))
+    else:
+        for m in mm.list():
+            print(f"{m['name']:24s} {m['bytes']:>12,d}  {m['path']}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from runtime.api import serve
+
+    settings = settings_from(args)
+    rt = _open_runtime(settings)
+    try:
+        serve(settings, rt)
+    finally:
+        rt.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runtime.bench import run_bench
+
+    return run_bench(
+        settings_from(args),
+        as_json=args.json,
+        quick=args.quick,
+        system_tokens=args.system_tokens,
+        conversations=args.conversations,
+    )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from runtime.factory import doctor
+
+    return doctor(settings_from(args), as_json=args.json)
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    import app
+
+    return int(app.main() or 0)
+
+
+# the parser ----------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="warmstart",
+        description=("A local assistant that never prefills the same prefix twice."),
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(
+        name: str, fn: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(fn=fn)
+        add_settings_flags(p)
+        return p
+
+    def sampling_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--system", default=_DEFAULT_SYSTEM, help="system prompt")
+        p.add_argument("--session", default=None, help="conversation id to continue")
+        p.add_argument("--max-tokens", type=int, default=256)
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--seed", type=int, default=None)
+
+    p = command(
+        "ask", cmd_ask, "ask one question and print the reply and where its prompt came from"
+    )
+    p.add_argument("question")
+    sampling_flags(p)
+    sampling_flags(command("chat", cmd_chat, "chat interactively; conversations persist"))
+    p = command("sessions", cmd_sessions, "list, show or delete conversations")
+    p.add_argument("action", choices=["list", "show", "delete"])
+    p.add_argument("id", nargs="?")
+    p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
+    p.add_argument("action", choices=["stats", "clear"])
+    p = command("models", cmd_models, "pull or list models")
+    p.add_argument("action", choices=["pull", "list"])
+    p.add_argument("name", nargs="?", default="default")
+    command("serve", cmd_serve, "serve the OpenAI-compatible API")
+    p = command("bench", cmd_bench, "measure cold, RAM-hit and disk-hit TTFT side by side")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a small workload (for smoke tests)")
+    p.add_argument("--system-tokens", type=int, default=2000)
+    p.add_argument("--conversations", type=int, default=20)
+    p = command(
+        "doctor", cmd_doctor, "print the machine, its measurements and the thresholds chosen"
+    )
+    p.add_argument("--json", action="store_true")
+    command("app", cmd_app, "open the desktop app")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * args.verbose
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.fn(args))
+    except WarmstartError as exc:
+        print(f"warmstart: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""LocalRuntime: the real model behind the Runtime seam (see runtime/service.py).
+
+One worker thread owns the llama.cpp context. Requests queue (bounded: Busy
+beyond ``max_queue``) and are admitted while a resident sequence is free; the
+worker then advances every admitted request one bounded step at a time, round
+robin, so conversations are served fairly.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import numpy as np
+
+from runtime._pipeline import Env, Job
+from runtime.engine._engine import Engine, EngineConfig
+from runtime.engine._llama import LlamaModel
+from runtime.errors import Busy, ContextOverflow, RequestError
+from runtime.kvstore._disk import DiskTier
+from runtime.kvstore._keys import common_prefix
+from runtime.kvstore._pool import RamPool
+from runtime.kvstore._store import TieredStore
+from runtime.models import DigestCache, ModelManager
+from runtime.policy import ModelGeometry, Rates, Tuning, fixed_tuning
+from runtime.sessions import SessionBook, derived_session_id
+from runtime.settings import Settings
+from runtime.streams import QueueStream
+from runtime.types import TIERS, Report, Request, SessionInfo, Stream
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Used until the machine is calibrated: the figures of a 2-core CPU box (DESIGN.md).
+DEFAULT_RATES = Rates(
+    prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
+)
+
+TuningFn = Callable[[ModelGeometry], Tuning]
+
+
+def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
+    return ModelGeometry(
+        n_ctx_train=model.n_ctx_train,
+        n_layer=model.n_layer,
+        kv_bytes_per_token=model.kv_bytes_per_token_estimate(type_kv),
+        model_bytes=model.path.stat().st_size,
+        swa=model.n_swa > 0,
+        recurrent=model.recurrent,
+    )
+
+
+class LocalRuntime:
+    def __init__(
+        self, settings: Settings, tuning_fn: TuningFn | None = None, rates: Rates | None = None
+    ) -> None:
+        self.settings = settings
+        path = ModelManager(settings.models_dir).resolve(settings.model)
+        digest = DigestCache(settings.data_dir / "digests.json").digest(path)
+        model = LlamaModel(path, settings.n_gpu_layers)
+        self.geometry = geometry_of(model, settings.type_kv)
+        self.tuning = (tuning_fn or (lambda g: fixed_tuning(settings, g)))(self.geometry)
+        self.rates = rates or DEFAULT_RATES
+        self.engine = Engine(
+            EngineConfig(
+                model_path=path,
+                model_digest=digest,
+                n_ctx_total=self.tuning.n_ctx * self.tuning.resident_sequences,
+                resident_sequences=self.tuning.resident_sequences,
+                n_threads=settings.n_threads or 0,
+                n_gpu_layers=settings.n_gpu_layers,
+                flash_attn=settings.flash_attn,
+                type_kv=settings.type_kv,
+            ),
+            model=model,
+        )
+        self.model_id = path.stem if settings.model not in ("default",) else "default"
+        self.n_ctx = self.tuning.n_ctx
+        self.store = self._open_store()
+        self.book = SessionBook(settings.data_dir / "sessions.db")
+        self.env = Env(self.engine, self.store, self.tuning, self.rates, self.book)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._cv = threading.Condition()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self._closing = False
+        self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._worker.start()
+
+    def _open_store(self) -> TieredStore | None:
+        s, t = self.settings, self.tuning
+        if s.no_cache:
+            return None
+        pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens) + 4096)
+        disk = DiskTier(
+            s.effective_cache_dir, self.engine.fingerprint, t.zstd_level, t.disk_budget_bytes
+        )
+        return TieredStore(self.engine.fingerprint, pool, disk, t.high_watermark, t.low_watermark)
+
+    # requests ------------------------------------------------------------------------------
+    def _validate(self, request: Request) -> None:
+        s = request.sampling
+        if request.prompt is None and not request.messages:
+            raise RequestError("messages must not be empty", param="messages")
+        if request.prompt is not None and not request.prompt:
+            raise RequestError("prompt must not be empty", param="prompt")
+        if s.max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1", param="max_tokens")
+        if not 0.0 <= s.temperature <= 2.0:
+            raise RequestError("temperature must be between 0 and 2", param="temperature")
+        if not 0.0 < s.top_p <= 1.0:
+            raise RequestError("top_p must be in (0, 1]", param="top_p")
+
+    def count_tokens(self, request: Request) -> int:
+        self._validate(request)
+        return len(self.engine.prompt_ids(request)[0])
+
+    def generate(self, request: Request) -> Stream:
+        return self._submit(request, want_logits=False)[0]
+
+    def prompt_logits(self, request: Request) -> tuple[np.ndarray, Report]:
+        """Prepares the prompt exactly as generate() would (restore, prefill) and returns
+        the next-token logits instead of a reply: the ground truth for cache tests."""
+        stream, job = self._submit(request, want_logits=True)
+        _, report = stream.text()
+        assert job.logits is not None
+        return job.logits, report
+
+    def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
+        self._validate(request)
+        ids, anchor = self.engine.prompt_ids(request)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
+        session_id = request.session_id or (
+            derived_session_id(request.messages) if request.messages else None
+        )
+        stream = QueueStream()
+        with self._cv:
+            if len(self._waiting) >= self.settings.max_queue:
+                raise Busy(retry_after=2.0)
+            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits)
+            self._waiting.append(job)
+            self.counters["requests"] += 1
+            self._cv.notify()
+        return stream, job
+
+    # the worker ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        active: collections.deque[tuple[Job, Iterator[None]]] = collections.deque()
+        while True:
+            with self._cv:
+                while not (self._closing or self._waiting or self._calls or active):
+                    self._cv.wait()
+                if self._closing and not active and not self._calls:
+                    return
+                while self._waiting and len(active) < self.tuning.resident_sequences:
+                    job = self._waiting.popleft()
+                    active.append((job, job.steps()))
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
+            if active:
+                self._step(active)
+
+    def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
+        job, steps = active.popleft()
+        try:
+            next(steps)
+        except StopIteration:
+            self._account(job)
+            return
+        except Exception as exc:
+            log.exception("request failed")
+            job.stream.fail(exc)
+            return
+        active.append((job, steps))
+
+    def _account(self, job: Job) -> None:
+        r = job.report
+        self.counters["prompt_tokens"] += r.prompt_tokens
+        self.counters["completion_tokens"] += r.completion_tokens
+        for tier in TIERS:
+            self.counters[f"tokens_{tier}"] += r.restored[tier]
+        best = next((t for t in TIERS if r.restored[t]), "miss")
+        self.counters[f"hits_{best}"] += 1
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` on the worker thread (it owns the context) and waits for it."""
+        fut: Future[T] = Future()
+        with self._cv:
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut.result()
+
+    # sessions ------------------------------------------------------------------------------
+    def _info(self, row: Any) -> SessionInfo:
+        tiers = dict.fromkeys(TIERS, 0)
+        if self.store is not None and row.leaf and row.fingerprint == self.engine.fingerprint:
+            chain = self.store.chain(row.leaf)
+            for record in chain:
+                tier = record.tier
+                if tier:
+                    tiers[tier] += len(record.tokens)
+            tokens = [t for r in chain for t in r.tokens]
+            tiers["live"] = max(
+                (common_prefix(r.tokens, tokens) for r in self.engine.residents), default=0
+            )
+        return SessionInfo(
+            row.id, row.title, row.created, row.updated, row.n_tokens, tiers, row.messages
+        )
+
+    def sessions(self) -> list[SessionInfo]:
+        return [self._info(row) for row in self.book.list()]
+
+    def session(self, session_id: str) -> SessionInfo | None:
+        row = self.book.get(session_id)
+        return self._info(row) if row else None
+
+    def prewarm(self, session_id: str) -> int:
+        row = self.book.get(session_id)
+        if row is None or row.leaf is None or self.store is None:
+            return 0
+        return self.store.prewarm(self.store.chain(row.leaf))
+
+    def prewarm_recent(self, n: int) -> int:
+        """Promotes the most recent conversations to RAM (run off the request path)."""
+        total = 0
+        for row in self.book.list(limit=n):
+            total += self.prewarm(row.id)
+        return total
+
+    def delete_session(self, session_id: str) -> bool:
+        row = self.book.get(session_id)
+        if row is None:
+            return False
+        if self.store is not None and row.leaf:
+            keep = {
+                r.key
+                for other in self.book.list()
+                if other.id != session_id and other.leaf
+                for r in self.store.chain(other.leaf)
+            }
+            mine = [r.key for r in self.store.chain(row.leaf) if r.key not in keep]
+            self.store.drop(mine)
+        return self.book.delete(session_id)
+
+    def stats(self) -> dict[str, Any]:
+        residents = self.engine.residents
+        live_tokens = sum(len(r.tokens) for r in residents)
+        out: dict[str, Any] = {
+            "model": self.model_id,
+            "requests": dict(self.counters),
+            "live": {
+                "sequences": len(residents),
+                "resident": sum(1 for r in residents if r.tokens),
+                "tokens": live_tokens,
+                "used_bytes": live_tokens * self.engine.kv_bytes_per_token,
+                "capacity_bytes": self.engine.ctx.n_ctx * self.engine.kv_bytes_per_token,
+            },
+        }
+        if self.store is not None:
+            out["store"] = self.store.stats()
+        return out
+
+    def settings_report(self) -> dict[str, dict[str, Any]]:
+        return self.tuning.report()
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify()
+        self._worker.join()
+        if self.store is not None:
+            self.store.flush()
+            self.store.close()
+        self.book.close()
+        self.engine.close()
+
+    def __enter__(self) -> LocalRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,240 @@
+"""The only module that calls llama.cpp: one model, one context with a unified KV cache.
+
+Every call here runs on the runtime's worker thread; nothing in this module is
+thread-safe on its own. llama.cpp's return codes become EngineError here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp.llama_cpp as ll
+import numpy as np
+
+from runtime.errors import EngineError, ModelError
+
+log = logging.getLogger(__name__)
+
+_FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
+_GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0
+_DECODE_NO_SLOT = 1
+
+
+def _silence_llama_logs() -> None:
+    """llama.cpp logs every load to stderr; route only its warnings and errors to logging."""
+
+    @ll.llama_log_callback
+    def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level >= 3:  # GGML_LOG_LEVEL_WARN and above
+            log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+    # keep a reference: ctypes callbacks die with their Python object
+    _silence_llama_logs.callback = _callback  # type: ignore[attr-defined]
+    ll.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+class LlamaModel:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = -1) -> None:
+        _silence_llama_logs()
+        ll.llama_backend_init()
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 10**6 if n_gpu_layers < 0 else n_gpu_layers
+        self.path = path
+        self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise ModelError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
+        self.vocab = ll.llama_model_get_vocab(self.ptr)
+        self.n_ctx_train = int(ll.llama_model_n_ctx_train(self.ptr))
+        self.n_layer = int(ll.llama_model_n_layer(self.ptr))
+        self.n_swa = int(ll.llama_model_n_swa(self.ptr))
+        self.recurrent = bool(
+            ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr)
+        )
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(ll.llama_vocab_bos(self.vocab))
+        self.eos = int(ll.llama_vocab_eos(self.vocab))
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(ll.llama_model_n_embd(self.ptr))
+        self.n_head = int(ll.llama_model_n_head(self.ptr))
+        self.n_head_kv = int(ll.llama_model_n_head_kv(self.ptr))
+        self.size_bytes = int(ll.llama_model_size(self.ptr))
+
+    def kv_bytes_per_token_estimate(self, type_kv: str) -> int:
+        """K and V of every layer for one token, before any context exists to measure."""
+        head_dim = self.n_embd // max(self.n_head, 1)
+        elem = 2.0 if type_kv == "f16" else 34 / 32  # q8_0: 34 bytes per 32 values
+        return int(2 * self.n_layer * self.n_head_kv * head_dim * elem)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8") if raw else None
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise EngineError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def token_text(self, token: int) -> str:
+        raw = ll.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int  # total KV cells, shared by all sequences (unified cache)
+    n_seq_max: int
+    n_batch: int = 512
+    n_threads: int = 0  # 0: all cores
+    flash_attn: str = "auto"
+    type_kv: str = "f16"
+    swa_full: bool = False
+
+
+class LlamaContext:
+    """One llama.cpp context with a unified KV cache and several sequences."""
+
+    def __init__(self, model: LlamaModel, config: ContextConfig) -> None:
+        self.model = model
+        self.config = config
+        params = ll.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_batch
+        params.n_seq_max = config.n_seq_max
+        threads = config.n_threads or os.cpu_count() or 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = _FLASH[config.flash_attn]
+        params.type_k = _GGML_TYPES[config.type_kv]
+        params.type_v = _GGML_TYPES[config.type_kv]
+        params.swa_full = config.swa_full
+        params.kv_unified = True
+        params.no_perf = True
+        self.ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create a context (out of memory?)")
+        self.mem = ll.llama_get_memory(self.ptr)
+        self.n_ctx = int(ll.llama_n_ctx(self.ptr))
+        self._batch = ll.llama_batch_init(config.n_batch, 0, 1)
+        self.n_vocab = model.n_vocab
+
+    # sequences -------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise EngineError(f"could not remove [{p0}, {p1}) from sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(ll.llama_memory_seq_pos_max(self.mem, seq))
+
+    # decoding --------------------------------------------------------------
+    def decode(self, tokens: list[int], seq: int, pos0: int, want_logits: bool = True) -> int:
+        """Feeds ``tokens`` at positions ``pos0...`` of ``seq``; the last one's logits are
+        kept when ``want_logits``. Returns llama.cpp's code for "no KV slot" (1) so that
+        the caller can make room and retry; other failures raise."""
+        batch = self._batch
+        step = self.config.n_batch
+        for start in range(0, len(tokens), step):
+            part = tokens[start : start + step]
+            last_part = start + step >= len(tokens)
+            for i, tok in enumerate(part):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 1 if (want_logits and last_part and i == len(part) - 1) else 0
+            batch.n_tokens = len(part)
+            ret = ll.llama_decode(self.ptr, batch)
+            if ret == _DECODE_NO_SLOT:
+                self.seq_rm(seq, pos0 + start, -1)
+                return ret
+            if ret != 0:
+                self.seq_rm(seq, pos0 + start, -1)
+                raise EngineError(f"llama_decode failed with code {ret}")
+        return 0
+
+    def logits(self) -> np.ndarray:
+        """A copy of the logits of the last token decoded with want_logits."""
+        ptr = ll.llama_get_logits_ith(self.ptr, -1)
+        if not ptr:
+            raise EngineError("no logits available")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    # state copies -----------------------------------------------------------
+    def state_size(self, seq: int) -> int:
+        return int(ll.llama_state_seq_get_size(self.ptr, seq))
+
+    def state_get_into(self, seq: int, out: np.ndarray) -> int:
+        """Copies ``seq``'s KV into ``out`` (uint8, large enough); returns bytes written."""
+        ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = int(ll.llama_state_seq_get_data(self.ptr, ptr, out.nbytes, seq))
+        if n == 0:
+            raise EngineError(f"llama_state_seq_get_data failed for sequence {seq}")
+        return n
+
+    def state_set(self, seq: int, blob: np.ndarray | bytes | memoryview) -> bool:
+        """Loads a blob into ``seq`` (which llama.cpp clears first). True only when every
+        byte was consumed; on any failure the sequence is cleared again."""
+        arr = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
+        ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = int(ll.llama_state_seq_set_data(self.ptr, ptr, arr.nbytes, seq))
+        if n != arr.nbytes:
+            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+
+def llama_version() -> str:
+    return str(llama_cpp.__version__)
+
+
+def system_info() -> str:
+    return ll.llama_print_system_info().decode("utf-8", "replace")
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())

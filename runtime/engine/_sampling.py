@@ -1,0 +1,34 @@
+"""A llama.cpp sampler chain for one reply."""
+
+from __future__ import annotations
+
+import random
+
+import llama_cpp.llama_cpp as ll
+
+from runtime.engine._llama import LlamaContext
+from runtime.types import Sampling
+
+
+class Sampler:
+    """Greedy when temperature is 0, else top-p then temperature then a seeded draw."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self._chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if sampling.temperature <= 0:
+            ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_greedy())
+            return
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
+        if sampling.top_p < 1.0:
+            ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_top_p(sampling.top_p, 1))
+        ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_temp(sampling.temperature))
+        ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: LlamaContext) -> int:
+        """Draws (and accepts) the next token from the last decoded logits."""
+        return int(ll.llama_sampler_sample(self._chain, ctx.ptr, -1))
+
+    def close(self) -> None:
+        if self._chain:
+            ll.llama_sampler_free(self._chain)
+            self._chain = None

@@ -1,0 +1,190 @@
+"""T2: chunks as zstd records in diskcache, with an SQLite index of what they hold.
+
+diskcache keeps the bytes (LRU within a size budget); ``ZstdDisk`` is its codec:
+only ``store`` and ``fetch`` change. ``index.db`` remembers each chunk's parent,
+start and tokens so that a new process can look prefixes up without reading any
+blob. Order of writes: blob first, index row second, so a crash in between leaves
+an orphan blob (evicted in time), never an index row pointing at nothing we trust;
+and a row whose blob is gone (evicted, deleted by hand) is dropped on first use.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import threading
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import diskcache
+
+from runtime import _sqlite
+from runtime.errors import CacheError, DiskFull
+from runtime.kvstore import _codec
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = [
+    (
+        "0001_chunks",
+        "CREATE TABLE chunks (key BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, "
+        "parent BLOB NOT NULL, start INTEGER NOT NULL, tokens BLOB NOT NULL, "
+        "nbytes INTEGER NOT NULL, created REAL NOT NULL);"
+        "CREATE INDEX chunks_by_fingerprint ON chunks (fingerprint)",
+    ),
+]
+
+
+class _Encoded(bytes):
+    """Bytes that already carry a record header (so ZstdDisk stores them as they are)."""
+
+
+@dataclass(frozen=True)
+class _Pending:
+    payload: bytes | memoryview
+    key: bytes
+    fingerprint: bytes
+    level: int
+
+
+class ZstdDisk(diskcache.Disk):
+    """diskcache's Disk with the chunk codec: a pending chunk is encoded (header,
+    zstd, checksum) on store; fetch hands back the record, which DiskTier.get
+    verifies against the key it asked for.
+
+    Files are made private (0600): KV caches hold the user's conversations.
+    """
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _Pending):
+            value = _Encoded(
+                _codec.encode(value.payload, value.key, value.fingerprint, value.level)
+            )
+        size, mode, filename, db_value = super().store(value, read, key=key)
+        if filename:
+            os.chmod(os.path.join(self._directory, filename), 0o600)
+        return size, mode, filename, db_value
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    key: bytes
+    parent: bytes
+    start: int
+    tokens: tuple[int, ...]
+    nbytes: int
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
+
+
+class DiskTier:
+    """Chunk records under one cache directory, for one model fingerprint."""
+
+    def __init__(self, directory: Path, fingerprint: str, level: int, budget_bytes: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.chmod(0o700)
+        self.directory = directory
+        self.level = level
+        self._fp = _codec.fingerprint_digest(fingerprint)
+        self._lock = threading.Lock()
+        self._index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+        try:
+            self._blobs = diskcache.Cache(
+                str(directory / "blobs"),
+                disk=ZstdDisk,
+                size_limit=budget_bytes,
+                eviction_policy="least-recently-used",
+                cull_limit=16,
+                statistics=False,
+            )
+        except (OSError, sqlite3.DatabaseError) as exc:
+            raise CacheError(f"cannot open the disk cache in {directory}: {exc}") from exc
+        (directory / "blobs").chmod(0o700)
+
+    def rows(self) -> Iterator[IndexRow]:
+        """Every indexed chunk of this fingerprint (no blob is read)."""
+        with self._lock:
+            found = self._index.execute(
+                "SELECT key, parent, start, tokens, nbytes FROM chunks WHERE fingerprint = ?",
+                (self._fp,),
+            ).fetchall()
+        for key, parent, start, tokens, nbytes in found:
+            yield IndexRow(key, parent, start, tuple(array("i", tokens)), nbytes)
+
+    def put(self, row: IndexRow, payload: bytes | memoryview) -> None:
+        """Writes one chunk through; raises DiskFull or CacheError (nothing half-indexed)."""
+        try:
+            self._blobs.set(row.key.hex(), _Pending(payload, row.key, self._fp, self.level))
+            with self._lock:
+                self._index.execute(
+                    "INSERT OR REPLACE INTO chunks"
+                    " (key, fingerprint, parent, start, tokens, nbytes, created)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        row.key,
+                        self._fp,
+                        row.parent,
+                        row.start,
+                        array("i", row.tokens).tobytes(),
+                        row.nbytes,
+                        time.time(),
+                    ),
+                )
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            if _is_disk_full(exc):
+                raise DiskFull(f"the cache disk is full ({self.directory})") from exc
+            raise CacheError(f"cannot write chunk {row.key.hex()}: {exc}") from exc
+
+    def get(self, key: bytes) -> bytes | None:
+        """The chunk's KV bytes, verified; None when the blob is gone. A corrupt or
+        foreign record raises CacheError after being deleted."""
+        try:
+            data = self._blobs.get(key.hex(), default=None, retry=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            self.delete(key)
+            raise CacheError(f"cannot read chunk {key.hex()}: {exc}") from exc
+        if data is None:
+            self._drop_row(key)
+            return None
+        try:
+            return _codec.decode(data, self._fp, key)
+        except CacheError:
+            self.delete(key)
+            raise
+
+    def delete(self, key: bytes) -> None:
+        try:
+            self._blobs.delete(key.hex(), retry=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            log.warning("could not delete chunk %s: %s", key.hex(), exc)
+        self._drop_row(key)
+
+    def _drop_row(self, key: bytes) -> None:
+        with self._lock:
+            self._index.execute("DELETE FROM chunks WHERE key = ?", (key,))
+
+    def has_blob(self, key: bytes) -> bool:
+        return key.hex() in self._blobs
+
+    def volume(self) -> int:
+        return int(self._blobs.volume())
+
+    def clear(self) -> None:
+        self._blobs.clear(retry=True)
+        with self._lock:
+            self._index.execute("DELETE FROM chunks")
+
+    def close(self) -> None:
+        self._blobs.close()
+        with self._lock:
+            self._index.close()

@@ -1,0 +1,169 @@
+"""The store's records: which chunk exists, where its bytes are, who is using it (pure).
+
+The ledger never moves bytes. Callers pin what they are about to read or write
+(two-phase: prepare -> move -> complete), and nothing pinned is ever evicted or
+dropped. Expected refusals (a miss, no room) are return values, not exceptions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from runtime.kvstore._keys import common_prefix
+
+
+@dataclass
+class Record:
+    """One chunk: the KV of tokens [start, start + len(tokens)) of the prefix named by key."""
+
+    key: bytes
+    parent: bytes
+    start: int
+    tokens: tuple[int, ...]
+    nbytes: int
+    slot: int | None = None  # RAM pool slot, when resident in T1
+    on_disk: bool = False  # a verified copy exists in T2
+    pins: int = 0
+    last_used: float = 0.0
+    promoted_at: float = 0.0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def tier(self) -> str | None:
+        if self.slot is not None:
+            return "ram"
+        return "disk" if self.on_disk else None
+
+
+@dataclass(frozen=True)
+class Hit:
+    """``use`` tokens of ``record`` (all of them, or a prefix when the prompt diverges inside)."""
+
+    record: Record
+    use: int
+
+    @property
+    def end(self) -> int:
+        return self.record.start + self.use
+
+
+@dataclass
+class Ledger:
+    clock: Callable[[], float] = time.monotonic
+    records: dict[bytes, Record] = field(default_factory=dict)
+    _children: dict[bytes, set[bytes]] = field(default_factory=dict)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def get(self, key: bytes) -> Record | None:
+        return self.records.get(key)
+
+    def add(self, record: Record) -> Record:
+        """Adds a record (or returns the existing one with the same key)."""
+        existing = self.records.get(record.key)
+        if existing is not None:
+            return existing
+        record.last_used = record.last_used or self.clock()
+        self.records[record.key] = record
+        self._children.setdefault(record.parent, set()).add(record.key)
+        return record
+
+    def remove(self, key: bytes) -> Record | None:
+        """Forgets a record unless it is pinned; returns it when removed."""
+        record = self.records.get(key)
+        if record is None or record.pins:
+            return None
+        del self.records[key]
+        siblings = self._children.get(record.parent)
+        if siblings is not None:
+            siblings.discard(key)
+            if not siblings:
+                del self._children[record.parent]
+        return record
+
+    def children(self, parent: bytes) -> list[Record]:
+        return [self.records[k] for k in self._children.get(parent, ())]
+
+    def lookup(self, root: bytes, ids: Sequence[int]) -> list[Hit]:
+        """The longest cached prefix of ``ids``: whole chunks, possibly ending with a
+        partial one (a prompt that diverges inside a chunk still uses its prefix)."""
+        hits: list[Hit] = []
+        parent, pos = root, 0
+        while pos < len(ids):
+            best, best_use = None, 0
+            for record in self.children(parent):
+                if record.tokens[0] != ids[pos] or record.start != pos:
+                    continue
+                use = common_prefix(record.tokens, ids[pos : pos + len(record.tokens)])
+                if use > best_use:
+                    best, best_use = record, use
+            if best is None:
+                break
+            hits.append(Hit(best, best_use))
+            if best_use < len(best.tokens):
+                break
+            parent, pos = best.key, pos + best_use
+        return hits
+
+    def chain(self, key: bytes) -> list[Record]:
+        """The records from the root down to ``key`` (empty if any link is missing)."""
+        out: list[Record] = []
+        record = self.records.get(key)
+        while record is not None:
+            out.append(record)
+            if record.start == 0:
+                return out[::-1]
+            record = self.records.get(record.parent)
+        return []
+
+    def touch(self, records: Iterable[Record]) -> None:
+        now = self.clock()
+        for record in records:
+            record.last_used = now
+
+    def pin(self, records: Iterable[Record]) -> None:
+        for record in records:
+            record.pins += 1
+
+    def unpin(self, records: Iterable[Record]) -> None:
+        for record in records:
+            record.pins = max(0, record.pins - 1)
+
+    def superseded(self, record: Record) -> list[Record]:
+        """Siblings whose tokens are a strict prefix of ``record``'s: old tails that the
+        new, longer chunk now covers (lookup uses a prefix of it just as well)."""
+        out = []
+        for sibling in self.children(record.parent):
+            if sibling.key == record.key or len(sibling.tokens) >= len(record.tokens):
+                continue
+            if record.tokens[: len(sibling.tokens)] == sibling.tokens:
+                out.append(sibling)
+        return out
+
+    def demotion_order(self, min_residency_s: float) -> list[Record]:
+        """RAM-resident records that may leave RAM, coldest first.
+
+        Pinned records never appear. Freshly promoted ones (younger than the minimum
+        residency) and first chunks (system prompts, attention sinks) come last, so
+        they leave only when nothing else can.
+        """
+        now = self.clock()
+        movable = [r for r in self.records.values() if r.slot is not None and not r.pins]
+
+        def rank(r: Record) -> tuple[int, float]:
+            protected = r.start == 0 or now - r.promoted_at < min_residency_s
+            return (1 if protected else 0, r.last_used)
+
+        return sorted(movable, key=rank)
+
+    def ram_records(self) -> list[Record]:
+        return [r for r in self.records.values() if r.slot is not None]

@@ -1,0 +1,337 @@
+"""The tiered store: RAM pool (T1) over disk (T2), with write-through in the background.
+
+Knows nothing of llama.cpp: it takes and gives KV bytes. The runtime core copies
+them out of and into the context. All public methods may be called from the
+runtime's worker thread while the writer thread flushes to disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import CacheError, DiskFull
+from runtime.kvstore._disk import DiskTier, IndexRow
+from runtime.kvstore._keys import root_key
+from runtime.kvstore._ledger import Hit, Ledger, Record
+from runtime.kvstore._pool import RamPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reservation:
+    """Room for one chunk being captured: a pool slot, or a temporary buffer."""
+
+    buffer: np.ndarray
+    slot: int | None
+
+
+class TieredStore:
+    def __init__(
+        self,
+        fingerprint: str,
+        pool: RamPool | None,
+        disk: DiskTier | None,
+        high_watermark: float = 0.9,
+        low_watermark: float = 0.7,
+        min_residency_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root_key(fingerprint)
+        self.pool = pool
+        self.disk = disk
+        self.high, self.low = high_watermark, low_watermark
+        self.min_residency_s = min_residency_s
+        self.ledger = Ledger(clock)
+        self._lock = threading.RLock()
+        self._writes: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self.counters = {
+            "evictions": 0,
+            "demotions": 0,
+            "corrupt": 0,
+            "disk_full": 0,
+            "written": 0,
+            "dropped": 0,
+        }
+        self.disk_degraded = False
+        if disk is not None:
+            for row in disk.rows():
+                self.ledger.add(
+                    Record(
+                        row.key,
+                        row.parent,
+                        row.start,
+                        row.tokens,
+                        row.nbytes,
+                        on_disk=True,
+                        last_used=0.0,
+                    )
+                )
+        self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
+        self._writer.start()
+
+    # lookup and reads ---------------------------------------------------------
+    def lookup(self, ids: Sequence[int]) -> list[Hit]:
+        with self._lock:
+            hits = self.ledger.lookup(self.root, ids)
+            out = []
+            for hit in hits:
+                if hit.record.tier is None:
+                    break
+                out.append(hit)
+            self.ledger.pin(h.record for h in out)  # prepare_load: pinned until release()
+            return out
+
+    def release(self, hits: Sequence[Hit]) -> None:
+        with self._lock:
+            self.ledger.unpin(h.record for h in hits)
+            self.ledger.touch(h.record for h in hits)
+
+    def read(self, record: Record) -> np.ndarray | bytes | None:
+        """The chunk's bytes from the fastest tier (a disk read is promoted to RAM when
+        there is room). None when the chunk is gone or proved corrupt (then dropped)."""
+        with self._lock:
+            if record.slot is not None and self.pool is not None:
+                return self.pool.view(record.slot, record.nbytes)
+        if self.disk is None or not record.on_disk:
+            return None
+        try:
+            data = self.disk.get(record.key)
+        except CacheError as exc:
+            log.warning("dropping chunk %s: %s", record.key.hex()[:12], exc)
+            self.counters["corrupt"] += 1
+            self._forget(record)
+            return None
+        if data is None or len(data) != record.nbytes:
+            self._forget(record)
+            return None
+        self._promote(record, data)
+        return data
+
+    def _promote(self, record: Record, data: bytes) -> None:
+        with self._lock:
+            if self.pool is None or record.slot is not None:
+                return
+            slot = self._alloc_slot()
+            if slot is None:
+                return
+            self.pool.view(slot, len(data))[:] = np.frombuffer(data, dtype=np.uint8)
+            self.pool.set_length(slot, len(data))
+            record.slot = slot
+            record.promoted_at = self.ledger.clock()
+
+    def chain(self, leaf: bytes) -> list[Record]:
+        with self._lock:
+            return self.ledger.chain(leaf)
+
+    # capture ------------------------------------------------------------------
+    def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            record = self.ledger.get(key)
+            return record is not None and record.tier is not None
+
+    def reserve(self, nbytes: int) -> Reservation:
+        """prepare_store: room for ``nbytes`` (a pool slot when one can be had)."""
+        with self._lock:
+            if self.pool is not None and nbytes <= self.pool.slot_bytes:
+                slot = self._alloc_slot()
+                if slot is not None:
+                    return Reservation(self.pool.view(slot), slot)
+        return Reservation(np.empty(nbytes, dtype=np.uint8), None)
+
+    def abort(self, reservation: Reservation) -> None:
+        """complete_store(success=False)."""
+        if reservation.slot is not None and self.pool is not None:
+            with self._lock:
+                self.pool.release(reservation.slot)
+
+    def commit(
+        self,
+        reservation: Reservation,
+        key: bytes,
+        parent: bytes,
+        start: int,
+        tokens: Sequence[int],
+        nbytes: int,
+    ) -> Record:
+        """complete_store(success=True): records the chunk and writes it through."""
+        with self._lock:
+            record = Record(key, parent, start, tuple(tokens), nbytes)
+            existing = self.ledger.get(key)
+            if existing is not None and existing.tier is not None:
+                self.abort(reservation)
+                return existing
+            if existing is not None:
+                self.ledger.remove(key)
+            if reservation.slot is not None and self.pool is not None:
+                self.pool.set_length(reservation.slot, nbytes)
+                record.slot = reservation.slot
+                record.promoted_at = self.ledger.clock()
+            self.ledger.add(record)
+            for old in self.ledger.superseded(record):
+                self._forget(old)
+            if self.disk is not None and not self.disk_degraded:
+                record.pins += 1  # the write holds it until flushed
+                payload = (
+                    self.pool.view(record.slot, nbytes)
+                    if record.slot is not None and self.pool is not None
+                    else reservation.buffer[:nbytes]
+                )
+                self._writes.put(("put", (record, payload)))
+            elif record.slot is None:
+                self.ledger.remove(key)  # no RAM, no disk: nothing holds it
+            return record
+
+    # room and forgetting -----------------------------------------------------
+    def _alloc_slot(self) -> int | None:
+        assert self.pool is not None
+        if self.pool.fill() >= self.high or not self.pool._free:
+            self._demote(target=self.low)
+        return self.pool.alloc()
+
+    def _demote(self, target: float) -> None:
+        """Frees pool slots, coldest first, down to ``target`` fill. A chunk already on
+        disk just leaves RAM; one that is not on disk yet is pinned by its pending
+        write and stays; with no disk tier, leaving RAM means eviction."""
+        assert self.pool is not None
+        for record in self.ledger.demotion_order(self.min_residency_s):
+            if self.pool.fill() <= target and self.pool._free:
+                break
+            if record.slot is None:
+                continue
+            self.pool.release(record.slot)
+            record.slot = None
+            self.counters["demotions"] += 1
+            if not record.on_disk:
+                self.ledger.remove(record.key)
+                self.counters["evictions"] += 1
+
+    def _forget(self, record: Record) -> None:
+        with self._lock:
+            if record.pins:
+                return
+            if record.slot is not None and self.pool is not None:
+                self.pool.release(record.slot)
+                record.slot = None
+            self.ledger.remove(record.key)
+            self.counters["dropped"] += 1
+        if record.on_disk and self.disk is not None:
+            self._writes.put(("delete", record.key))
+
+    def drop(self, keys: Sequence[bytes]) -> int:
+        """Forgets these chunks in every tier (unpinned ones); returns how many."""
+        n = 0
+        for key in keys:
+            record = self.ledger.get(key)
+            if record is not None and not record.pins:
+                self._forget(record)
+                n += 1
+        return n
+
+    def prewarm(self, records: Sequence[Record]) -> int:
+        """Promotes disk-only chunks to RAM while there is room; returns tokens promoted."""
+        tokens = 0
+        for record in records:
+            if record.slot is None and record.on_disk:
+                if self.pool is None or (self.pool.fill() >= self.high):
+                    break
+                if self.read(record) is not None and record.slot is not None:
+                    tokens += len(record.tokens)
+        return tokens
+
+    # the writer ----------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            try:
+                if item is None:
+                    return
+                op, arg = item
+                if op == "put":
+                    self._write_one(*arg)
+                elif op == "delete" and self.disk is not None:
+                    self.disk.delete(arg)
+            except Exception:  # the writer must outlive any one bad chunk
+                log.exception("background cache write failed")
+            finally:
+                self._writes.task_done()
+
+    def _write_one(self, record: Record, payload: np.ndarray) -> None:
+        assert self.disk is not None
+        try:
+            self.disk.put(
+                IndexRow(record.key, record.parent, record.start, record.tokens, record.nbytes),
+                memoryview(payload),
+            )
+            ok = True
+        except DiskFull as exc:
+            ok = False
+            self.counters["disk_full"] += 1
+            if not self.disk_degraded:
+                log.error("%s: the cache keeps serving from RAM and stops writing to disk", exc)
+            self.disk_degraded = True
+        except CacheError as exc:
+            ok = False
+            log.warning("%s", exc)
+        with self._lock:
+            record.pins = max(0, record.pins - 1)
+            record.on_disk = record.on_disk or ok
+            self.counters["written"] += int(ok)
+            if record.slot is None and not record.on_disk:
+                self.ledger.remove(record.key)
+
+    def flush(self) -> None:
+        """Waits until every chunk captured so far is on disk."""
+        self._writes.join()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            records = list(self.ledger.records.values())
+            ram = [r for r in records if r.slot is not None]
+            out: dict[str, Any] = {
+                "chunks": len(records),
+                "ram": {
+                    "chunks": len(ram),
+                    "tokens": sum(len(r.tokens) for r in ram),
+                    "used_bytes": sum(r.nbytes for r in ram),
+                    "capacity_bytes": self.pool.capacity_bytes if self.pool else 0,
+                    "slots": self.pool.n_slots if self.pool else 0,
+                    "memory": self.pool.memory_kind if self.pool else "none",
+                },
+                "disk": {
+                    "chunks": sum(1 for r in records if r.on_disk),
+                    "tokens": sum(len(r.tokens) for r in records if r.on_disk),
+                    "kv_bytes": sum(r.nbytes for r in records if r.on_disk),
+                    "used_bytes": self.disk.volume() if self.disk else 0,
+                    "degraded": self.disk_degraded,
+                },
+                "pending_writes": self._writes.qsize(),
+            }
+            out.update(self.counters)
+            return out
+
+    def clear(self) -> None:
+        self.flush()
+        with self._lock:
+            for record in list(self.ledger.records.values()):
+                if record.slot is not None and self.pool is not None:
+                    self.pool.release(record.slot)
+                record.pins = 0
+                self.ledger.remove(record.key)
+            if self.disk is not None:
+                self.disk.clear()
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._writes.put(None)
+            self._writer.join()
+        if self.disk is not None:
+            self.disk.close()

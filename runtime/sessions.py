@@ -1,0 +1,115 @@
+"""Conversations the runtime has served, kept in SQLite (with migrations).
+
+A session remembers its messages (so `warmstart chat` can resume it) and the key
+of the last KV chunk of its prompt (so its cached prefix can be found, measured
+per tier, prewarmed or deleted). Deleting the KV cache never deletes sessions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime import _sqlite
+from runtime.types import Message
+
+MIGRATIONS = [
+    (
+        "0001_sessions",
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, title TEXT NOT NULL, "
+        "created REAL NOT NULL, updated REAL NOT NULL, n_tokens INTEGER NOT NULL DEFAULT 0, "
+        "fingerprint TEXT, leaf BLOB, messages TEXT NOT NULL DEFAULT '[]');"
+        "CREATE INDEX sessions_by_updated ON sessions (updated)",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    id: str
+    title: str
+    created: float
+    updated: float
+    n_tokens: int
+    fingerprint: str | None
+    leaf: bytes | None
+    messages: tuple[Message, ...]
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def derived_session_id(messages: tuple[Message, ...]) -> str | None:
+    """A stable id for clients that send none: the conversation's opening (system
+    prompt and first user message) names it, so its later turns land in it."""
+    opening = [m for m in messages if m.role == "system"][:1]
+    opening += [m for m in messages if m.role == "user"][:1]
+    if not opening:
+        return None
+    text = "\0".join(f"{m.role}:{m.content}" for m in opening)
+    return "c" + hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def title_of(messages: tuple[Message, ...]) -> str:
+    for m in messages:
+        if m.role == "user" and m.content.strip():
+            line = " ".join(m.content.split())
+            return line if len(line) <= 60 else line[:57] + "..."
+    return "New conversation"
+
+
+class SessionBook:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = _sqlite.connect(path, MIGRATIONS)
+        self._lock = threading.Lock()
+
+    def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
+        messages = tuple(Message(m["role"], m["content"]) for m in json.loads(r[7]))
+        return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages)
+
+    def get(self, session_id: str) -> SessionRow | None:
+        with self._lock:
+            r = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return self._row(r) if r else None
+
+    def list(self, limit: int = 1000) -> list[SessionRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM sessions ORDER BY updated DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [self._row(r) for r in rows]
+
+    def save(
+        self,
+        session_id: str,
+        messages: tuple[Message, ...],
+        n_tokens: int,
+        fingerprint: str | None,
+        leaf: bytes | None,
+    ) -> None:
+        now = time.time()
+        payload = json.dumps([{"role": m.role, "content": m.content} for m in messages])
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
+                " messages) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "updated=excluded.updated, n_tokens=excluded.n_tokens, "
+                "fingerprint=excluded.fingerprint, leaf=excluded.leaf, messages=excluded.messages",
+                (session_id, title_of(messages), now, now, n_tokens, fingerprint, leaf, payload),
+            )
+
+    def delete(self, session_id: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        return cur.rowcount > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
