@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from runtime.engine._engine import Engine, Resident
 from runtime.engine._text import TextAssembler
 from runtime.kvstore._keys import chunk_key, cut_points
@@ -53,7 +55,7 @@ class Job:
     ) -> None:
         self.env, self.request, self.ids, self.anchor = env, request, ids, anchor
         self.want_logits = want_logits
-        self.logits = None
+        self.logits: np.ndarray | None = None
         self.stream = stream
         self.report = Report(prompt_tokens=len(ids), session_id=session_id)
         self.t0 = time.perf_counter()

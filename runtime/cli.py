@@ -135,11 +135,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             for row in book.list():
                 print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}")
         elif args.action == "show":
-            row = book.get(args.id or "")
-            if row is None:
+            found = book.get(args.id or "")
+            if found is None:
                 print(f"no session {args.id}", file=sys.stderr)
                 return 1
-            for m in row.messages:
+            for m in found.messages:
                 print(f"{m.role}: {m.content}\n")
         elif args.action == "delete":
             rt = _open_runtime(settings)
@@ -213,9 +213,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    import app
+    from app import main as app_main  # type: ignore[attr-defined]
 
-    return int(app.main() or 0)
+    return int(app_main() or 0)
 
 
 # the parser ----------------------------------------------------------------------------------

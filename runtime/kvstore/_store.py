@@ -269,7 +269,7 @@ class TieredStore:
         try:
             self.disk.put(
                 IndexRow(record.key, record.parent, record.start, record.tokens, record.nbytes),
-                memoryview(payload),
+                payload.data,
             )
             ok = True
         except DiskFull as exc:
