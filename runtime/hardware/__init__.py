@@ -1,0 +1,94 @@
+"""The hardware probe and the calibration: what this machine is and how fast it runs the model.
+
+``probe(cache_dir)`` describes the machine through small sources (NVML or
+torch for GPUs, sysfs for PCIe and the cache disk, psutil for RAM, /proc for
+the CPU); tests pass recorded sources instead. ``load_or_calibrate`` measures
+the loaded model once per (machine, model) and caches the result.
+"""
+
+from runtime.hardware._calibrate import (
+    Calibration,
+    CalibrationTarget,
+    Progress,
+    calibrate,
+    load_or_calibrate,
+)
+from runtime.hardware._gpu import (
+    FirstGpuSource,
+    GpuSource,
+    NoGpuSource,
+    NvmlGpuSource,
+    TorchGpuSource,
+)
+from runtime.hardware._host import (
+    BackendSource,
+    CpuSource,
+    LlamaBackendSource,
+    MemorySource,
+    ProcCpuSource,
+    PsutilMemorySource,
+)
+from runtime.hardware._measure import ZstdPoint
+from runtime.hardware._probe import Sources, default_sources, probe
+from runtime.hardware._profile import (
+    Backend,
+    CpuInfo,
+    DiskInfo,
+    DiskKind,
+    GpuInfo,
+    HardwareProfile,
+    MemoryInfo,
+    PcieLink,
+)
+from runtime.hardware._recorded import (
+    RecordedBackendSource,
+    RecordedCpuSource,
+    RecordedDiskSource,
+    RecordedGpuSource,
+    RecordedMemorySource,
+    RecordedPcieSource,
+    recorded_sources,
+)
+from runtime.hardware._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
+
+__all__ = [
+    "Backend",
+    "BackendSource",
+    "Calibration",
+    "CalibrationTarget",
+    "CpuInfo",
+    "CpuSource",
+    "DiskInfo",
+    "DiskKind",
+    "DiskSource",
+    "FirstGpuSource",
+    "GpuInfo",
+    "GpuSource",
+    "HardwareProfile",
+    "LlamaBackendSource",
+    "MemoryInfo",
+    "MemorySource",
+    "NoGpuSource",
+    "NvmlGpuSource",
+    "PcieLink",
+    "PcieSource",
+    "ProcCpuSource",
+    "Progress",
+    "PsutilMemorySource",
+    "RecordedBackendSource",
+    "RecordedCpuSource",
+    "RecordedDiskSource",
+    "RecordedGpuSource",
+    "RecordedMemorySource",
+    "RecordedPcieSource",
+    "Sources",
+    "SysfsDiskSource",
+    "SysfsPcieSource",
+    "TorchGpuSource",
+    "ZstdPoint",
+    "calibrate",
+    "default_sources",
+    "load_or_calibrate",
+    "probe",
+    "recorded_sources",
+]

@@ -1,0 +1,139 @@
+"""``warmstart doctor``: the probe, the calibration and every chosen value with its reason.
+
+:func:`doctor_report` builds the one JSON object ``--json`` prints;
+:func:`render_doctor` turns that object into text for people. Both are pure:
+the CLI does the probing, the calibrating and the printing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from runtime.hardware import Calibration, HardwareProfile
+from runtime.policy import Tuning
+
+_BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes"})
+
+
+def doctor_report(
+    profile: HardwareProfile,
+    calibration: Calibration | None,
+    tuning: Tuning,
+    *,
+    calibration_reused: bool | None = None,
+) -> dict[str, Any]:
+    """The object ``doctor --json`` prints.
+
+    ``{"hardware": {...}, "calibration": {...} | None, "settings": {NAME:
+    {"value": ..., "reason": "..."}}}``. ``calibration_reused`` (when known)
+    lands in ``calibration["reused"]``. Everything in it is JSON-serialisable.
+    """
+    cal: dict[str, Any] | None = None
+    if calibration is not None:
+        cal = calibration.to_dict()
+        cal["zstd"] = [dict(p) for p in cal["zstd"]]
+        if calibration_reused is not None:
+            cal["reused"] = calibration_reused
+    return {"hardware": profile.to_dict(), "calibration": cal, "settings": tuning.report()}
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _hardware_lines(hw: dict[str, Any]) -> list[str]:
+    cpu, mem, disk = hw["cpu"], hw["memory"], hw["disk"]
+    lines = [
+        f"  CPU      {cpu['model'] or '?'}: {cpu['physical_cores']} cores, "
+        f"{cpu['logical_cores']} threads, {' '.join(cpu['flags']) or 'no notable flags'}",
+        f"  RAM      {_size(mem['total'])} total, {_size(mem['available'])} available, "
+        f"swap {_size(mem['swap_total'])} ({_size(mem['swap_free'])} free)",
+    ]
+    for i, gpu in enumerate(hw["gpus"]):
+        link = gpu.get("pcie")
+        where = "PCIe unknown"
+        if link:
+            where = (
+                f"PCIe gen {link['gen_current']}/{link['gen_max']} "
+                f"x{link['width_current']}/{link['width_max']} (~{link['gbps']:.1f} GB/s)"
+            )
+        lines.append(
+            f"  GPU {i}    {gpu['name']}: {_size(gpu['vram_total'])} VRAM, "
+            f"{_size(gpu['vram_free'])} free, {where}"
+        )
+    if not hw["gpus"]:
+        lines.append("  GPU      none (CPU inference)")
+    lines.append(
+        f"  disk     {disk['path']}: {disk['kind']} {disk['device'] or ''}, "
+        f"{_size(disk['free'])} free of {_size(disk['total'])}"
+    )
+    lines.append(f"  llama.cpp backend: {hw['backend']}   machine id {hw['machine_id']}")
+    lines += [f"  note     {note}" for note in hw.get("notes", ())]
+    return lines
+
+
+def _calibration_lines(cal: dict[str, Any] | None) -> list[str]:
+    if cal is None:
+        return ["  not measured (thresholds below use cautious estimates)"]
+    reused = cal.get("reused")
+    origin = "" if reused is None else ("reused from cache" if reused else "measured now")
+    lines = [
+        f"  model {cal['fingerprint'][:16]}  {cal['seconds']:.1f} s  {origin}".rstrip(),
+        f"  prefill          {cal['prefill_tps']:.0f} tok/s "
+        f"({cal['prefill_short_tokens']} tok in {cal['prefill_short_s']:.3f} s, "
+        f"{cal['prefill_long_tokens']} in {cal['prefill_long_s']:.3f} s)",
+        f"  KV state         get {cal['state_get_gbps']:.2f} GB/s, set {cal['state_set_gbps']:.2f}"
+        f" GB/s, {cal['state_fixed_ms']:.2f} ms fixed, {cal['kv_bytes_per_token']} B/token",
+        f"  RAM copy         {cal['ram_copy_gbps']:.2f} GB/s",
+    ]
+    for kind in ("pinned", "pageable"):
+        h2d, d2h = cal.get(f"h2d_{kind}_gbps"), cal.get(f"d2h_{kind}_gbps")
+        if h2d is not None and d2h is not None:
+            lines.append(f"  {kind:<9}        H2D {h2d:.2f} GB/s, D2H {d2h:.2f} GB/s")
+    warm = "" if cal["disk_read_cold"] else " (read may come from the page cache)"
+    lines.append(
+        f"  disk             write {cal['disk_write_gbps']:.2f} GB/s, read "
+        f"{cal['disk_read_gbps']:.2f} GB/s, {cal['disk_fixed_ms']:.2f} ms a record{warm}"
+    )
+    for p in cal["zstd"]:
+        lines.append(
+            f"  zstd -{p['level']:<2}         ratio {p['ratio']:.3f}, compress "
+            f"{p['compress_gbps']:.2f} GB/s, decompress {p['decompress_gbps']:.2f} GB/s"
+        )
+    return lines
+
+
+def _settings_lines(settings: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for name, entry in settings.items():
+        value = entry["value"]
+        shown = f"{value} ({_size(value)})" if name in _BYTES_SETTINGS else str(value)
+        lines.append(f"  {name:<25} {shown:<24} {entry['reason']}")
+    return lines
+
+
+def render_doctor(report: dict[str, Any]) -> str:
+    """The report from :func:`doctor_report` as text, one figure or threshold a line."""
+    parts = ["Hardware", *_hardware_lines(report["hardware"])]
+    parts += ["", "Calibration", *_calibration_lines(report["calibration"])]
+    parts += ["", "Settings", *_settings_lines(report["settings"])]
+    return "\n".join(parts) + "\n"
+
+
+class ProgressLine:
+    """A calibration progress callback that redraws one line on ``stream`` (the CLI's)."""
+
+    def __init__(self, stream: TextIO, width: int = 24) -> None:
+        self._stream = stream
+        self._width = width
+
+    def __call__(self, what: str, done: float) -> None:
+        filled = int(self._width * min(max(done, 0.0), 1.0))
+        bar = "#" * filled + "." * (self._width - filled)
+        end = "\n" if done >= 1.0 else ""
+        self._stream.write(f"\rcalibrating [{bar}] {done:4.0%} {what:<24}{end}")
+        self._stream.flush()

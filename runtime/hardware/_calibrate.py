@@ -1,0 +1,267 @@
+"""Calibration: a short measurement of this machine running this model.
+
+About 10 s on a 2-core CPU box, cached as JSON per (machine id, model
+fingerprint) and redone when either changes or on request. The model side is
+reached only through :class:`CalibrationTarget`, which the engine implements.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtime.hardware._measure import (
+    ZstdPoint,
+    disk_rates,
+    host_device_gbps,
+    ram_copy_gbps,
+    zstd_points,
+)
+from runtime.hardware._profile import HardwareProfile
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+ZSTD_LEVELS = (1, 3, 9)
+_KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
+_FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
+_PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
+
+Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
+
+
+class CalibrationTarget(Protocol):
+    """The loaded model, as far as calibration needs it (implemented by the engine).
+
+    ``time_prefill(n)``: seconds to prefill ``n`` tokens into an empty scratch
+    sequence (which it clears afterwards). ``time_state_roundtrip(n)``: fills
+    the scratch sequence with ``n`` tokens, then returns the real KV blob
+    (``llama_state_seq_get_data``), the seconds the get took and the seconds
+    ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
+    """
+
+    fingerprint: str
+    kv_bytes_per_token: int
+
+    def time_prefill(self, n_tokens: int) -> float: ...
+
+    def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]: ...
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration measured. Rates are GB/s, times seconds or ms as named."""
+
+    machine_id: str
+    fingerprint: str
+    kv_bytes_per_token: int
+    prefill_short_tokens: int
+    prefill_short_s: float
+    prefill_long_tokens: int
+    prefill_long_s: float
+    state_get_gbps: float
+    state_set_gbps: float
+    state_fixed_ms: float  # one set_data call of a tiny blob, minus its bytes
+    ram_copy_gbps: float
+    disk_write_gbps: float
+    disk_read_gbps: float
+    disk_fixed_ms: float = 0.0
+    disk_read_cold: bool = True  # False: the page cache may have flattered the read
+    zstd: tuple[ZstdPoint, ...] = ()
+    h2d_pinned_gbps: float | None = None
+    h2d_pageable_gbps: float | None = None
+    d2h_pinned_gbps: float | None = None
+    d2h_pageable_gbps: float | None = None
+    seconds: float = 0.0  # how long the calibration took
+    measured_at: float = 0.0  # Unix time
+
+    @property
+    def prefill_tps(self) -> float:
+        """Marginal prefill rate between the two lengths (fixed costs cancel out).
+
+        Falls back to the long run's average when noise made the difference
+        meaningless.
+        """
+        dt = self.prefill_long_s - self.prefill_short_s
+        dn = self.prefill_long_tokens - self.prefill_short_tokens
+        average = self.prefill_long_tokens / max(self.prefill_long_s, 1e-9)
+        if dt <= 0 or dn <= 0:
+            return average
+        # Never claim more than twice the average: a tiny dt is noise, not speed.
+        return min(dn / dt, 2 * average)
+
+    @property
+    def prefill_fixed_ms(self) -> float:
+        """The part of a prefill that does not depend on its length."""
+        per_token = 1.0 / self.prefill_tps
+        return max(0.0, 1000 * (self.prefill_short_s - self.prefill_short_tokens * per_token))
+
+    def zstd_at(self, level: int) -> ZstdPoint | None:
+        return next((p for p in self.zstd if p.level == level), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["prefill_tps"] = round(self.prefill_tps, 3)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        """Inverse of :meth:`to_dict`; raises KeyError/TypeError on a malformed dict."""
+        fields = {k: v for k, v in data.items() if k != "prefill_tps"}
+        fields["zstd"] = tuple(ZstdPoint(**p) for p in fields.get("zstd", ()))
+        return cls(**fields)
+
+
+def _prefill_lengths(profile: HardwareProfile) -> tuple[int, int]:
+    # A GPU prefills thousands of tokens a second; short runs would time only overhead.
+    if profile.offloads or profile.backend == "metal":
+        return 512, 2048
+    return 64, 256
+
+
+def _measure_prefill(
+    target: CalibrationTarget, profile: HardwareProfile
+) -> tuple[int, float, int, float]:
+    short, long = _prefill_lengths(profile)
+    target.time_prefill(8)  # warm-up: first decode allocates buffers and loads weights
+    short_s = target.time_prefill(short)
+    # Keep the long run inside its budget on a slow machine.
+    affordable = int(short / max(short_s, 1e-9) * _PREFILL_BUDGET_S)
+    long = max(2 * short, min(long, affordable))
+    return short, short_s, long, target.time_prefill(long)
+
+
+def _measure_state(target: CalibrationTarget, n_tokens: int) -> tuple[bytes, float, float, float]:
+    """(real KV blob, get GB/s, set GB/s, fixed ms of one set call).
+
+    Two set sizes separate the per-byte rate from the per-call cost, as the
+    two prefill lengths do.
+    """
+    blob, get_s, set_s = target.time_state_roundtrip(n_tokens)
+    small, _, small_set_s = target.time_state_roundtrip(_FIXED_COST_TOKENS)
+    d_bytes, d_s = len(blob) - len(small), set_s - small_set_s
+    average = len(blob) / max(set_s, 1e-9)
+    per_second = d_bytes / d_s if d_bytes > 0 and d_s > 0 else average
+    per_second = min(per_second, 2 * average)  # a tiny difference is noise, not speed
+    fixed_ms = max(0.0, 1000 * (small_set_s - len(small) / per_second))
+    return blob, len(blob) / max(get_s, 1e-9) / 1e9, per_second / 1e9, fixed_ms
+
+
+def calibrate(
+    target: CalibrationTarget,
+    profile: HardwareProfile,
+    cache_dir: Path,
+    progress: Progress | None = None,
+) -> Calibration:
+    """Measures this machine with the loaded model (about 10 s on a small CPU box).
+
+    Writes and removes one temporary file of 64 MiB in ``cache_dir``; raises
+    :class:`~runtime.errors.DiskFull` when it cannot.
+    """
+    say = progress or (lambda _what, _done: None)
+    started = time.perf_counter()
+    say("prefill", 0.0)
+    short, short_s, long, long_s = _measure_prefill(target, profile)
+    say("KV state get/set", 0.45)
+    blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
+    say("RAM copy", 0.65)
+    ram = ram_copy_gbps()
+    say("host<->device copies", 0.7)
+    link = host_device_gbps() if profile.gpu is not None else None
+    say("disk write/read", 0.75)
+    disk = disk_rates(cache_dir)
+    say("zstd levels on real KV", 0.85)
+    zstd = zstd_points(blob, ZSTD_LEVELS)
+    say("done", 1.0)
+    link = link or {}
+    return Calibration(
+        machine_id=profile.machine_id(),
+        fingerprint=target.fingerprint,
+        kv_bytes_per_token=target.kv_bytes_per_token,
+        prefill_short_tokens=short,
+        prefill_short_s=short_s,
+        prefill_long_tokens=long,
+        prefill_long_s=long_s,
+        state_get_gbps=get_gbps,
+        state_set_gbps=set_gbps,
+        state_fixed_ms=state_fixed,
+        ram_copy_gbps=ram,
+        disk_write_gbps=disk.write_gbps,
+        disk_read_gbps=disk.read_gbps,
+        disk_fixed_ms=disk.fixed_ms,
+        disk_read_cold=disk.read_cold,
+        zstd=zstd,
+        h2d_pinned_gbps=link.get("h2d_pinned"),
+        h2d_pageable_gbps=link.get("h2d_pageable"),
+        d2h_pinned_gbps=link.get("d2h_pinned"),
+        d2h_pageable_gbps=link.get("d2h_pageable"),
+        seconds=time.perf_counter() - started,
+        measured_at=time.time(),
+    )
+
+
+def _cache_key(machine_id: str, fingerprint: str) -> str:
+    return f"{machine_id}/{fingerprint}"
+
+
+def _read_entries(cache_file: Path) -> dict[str, Any]:
+    """The stored entries; ``{}`` (with a warning) when the file is corrupt or foreign."""
+    if not cache_file.is_file():
+        return {}
+    try:
+        data = json.loads(cache_file.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
+            raise ValueError(f"unknown format {data.get('format')!r}")
+        return dict(data["entries"])
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("calibration cache %s is unusable (%s); measuring again", cache_file, exc)
+        return {}
+
+
+def _write_entries(cache_file: Path, entries: dict[str, Any]) -> None:
+    """Atomic replace, so a crash mid-write leaves the old file or the new one."""
+    newest = sorted(entries.items(), key=lambda kv: kv[1].get("measured_at", 0), reverse=True)
+    payload = {"format": FORMAT_VERSION, "entries": dict(newest[:_KEEP_ENTRIES])}
+    cache_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = cache_file.with_name(cache_file.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+    os.replace(tmp, cache_file)
+
+
+def load_or_calibrate(
+    target: CalibrationTarget,
+    profile: HardwareProfile,
+    cache_file: Path,
+    recalibrate: bool = False,
+    progress: Progress | None = None,
+    cache_dir: Path | None = None,
+) -> tuple[Calibration, bool]:
+    """The cached calibration for (this machine, this model), else a fresh one.
+
+    Returns ``(calibration, reused)``. ``recalibrate`` forces a measurement.
+    Disk speeds are measured in ``cache_dir`` (default: the profile's cache
+    directory). A corrupt cache file is logged and rewritten.
+    """
+    key = _cache_key(profile.machine_id(), target.fingerprint)
+    entries = _read_entries(cache_file)
+    if not recalibrate and key in entries:
+        try:
+            return Calibration.from_dict(entries[key]), True
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("calibration entry %s is unusable (%s); measuring again", key, exc)
+    where = cache_dir if cache_dir is not None else Path(profile.disk.path)
+    fresh = calibrate(target, profile, where, progress)
+    entries[key] = fresh.to_dict()
+    try:
+        _write_entries(cache_file, entries)
+    except OSError as exc:  # a read-only config dir costs a re-measure next time, nothing more
+        log.warning("cannot store the calibration in %s: %s", cache_file, exc)
+    return fresh, False

@@ -1,0 +1,280 @@
+"""The machine-derived policy: (profile, calibration, geometry, settings) -> Tuning (pure).
+
+Values are chosen in dependency order, each from the final (possibly
+user-set) values before it: context and resident sequences, chunk size, RAM
+pool, watermarks, disk budget, zstd level, swap-in threshold, prewarm count.
+A tunable the user set wins, says "set by the user", and feeds what follows,
+so nothing derived ever exceeds what the user allows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runtime.policy._rates import choose_zstd_level, estimate_rates, rates_from
+from runtime.policy._types import ModelGeometry, Rates, Tuning
+from runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from runtime.hardware import Calibration, HardwareProfile
+
+MiB = 1 << 20
+GiB = 1 << 30
+MAX_CTX = 32768  # longer contexts cost attention time on every token; users can ask for more
+MAX_RESIDENT = 8  # beyond this, the RAM pool serves returning chats just as well
+MIN_WANTED_CTX = 2048  # halve the context down to this to keep two chats resident
+HOST_KV_SHARE = 0.5  # of free host RAM, for a CPU context's KV; the pool gets from the rest
+POOL_SHARE = 0.5  # of host RAM left after the OS, the model and the context
+LOOKUP_MS = 0.2  # hashing the prompt's chunks and the index lookups a restore adds
+CHUNK_COST_FACTOR = 4  # a chunk's transfer lasts 4x the fixed cost: overhead <= 20%
+MAX_PREWARM = 16  # recent chats worth warming; older ones come back from disk on demand
+PREWARM_SECONDS = 10.0  # prewarm runs in the background; this bounds its disk reads
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+@dataclass
+class _Picks:
+    """Collects values and reasons; a user setting always wins."""
+
+    settings: Settings
+    values: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def pick(self, name: str, compute: Callable[[], tuple[Any, str]]) -> Any:
+        override = getattr(self.settings, name)
+        if override is not None:
+            value, reason = override, "set by the user"
+        else:
+            value, reason = compute()
+        self.values[name], self.reasons[name] = value, reason
+        return value
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """Where the KV lives and how much room each side has, in bytes."""
+
+    gpu_share: float  # fraction of the layers (weights and KV) on the GPU
+    vram_for_kv: int
+    host_free: int  # host RAM left after the OS reserve and the host part of the model
+
+
+def host_reserve(total: int) -> int:
+    """RAM left to the OS, the desktop and warmstart's own process."""
+    return max(2 * GiB, total // 8)
+
+
+def vram_reserve(total: int) -> int:
+    """VRAM for the CUDA context and llama.cpp's compute buffers."""
+    return max(768 * MiB, total // 16)
+
+
+def _gpu_share(profile: HardwareProfile, geometry: ModelGeometry, settings: Settings) -> float:
+    if not profile.offloads or settings.n_gpu_layers == 0:
+        return 0.0
+    if settings.n_gpu_layers < 0 or settings.n_gpu_layers >= geometry.n_layer:
+        return 1.0
+    return settings.n_gpu_layers / max(geometry.n_layer, 1)
+
+
+def _memory(profile: HardwareProfile, geometry: ModelGeometry, settings: Settings) -> _Memory:
+    share = _gpu_share(profile, geometry, settings)
+    vram_kv = 0
+    if share > 0 and profile.gpu is not None:
+        gpu = profile.gpu
+        vram_kv = gpu.vram_free - int(share * geometry.model_bytes) - vram_reserve(gpu.vram_total)
+    mem = profile.memory
+    model_host = int((1 - share) * geometry.model_bytes)
+    host_free = mem.available - host_reserve(mem.total) - model_host
+    return _Memory(share, max(vram_kv, 0), max(host_free, 0))
+
+
+def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
+    """Tokens of KV the live context can hold, and which memory limits it."""
+    limits = []
+    if mem.gpu_share > 0:
+        tokens = int(mem.vram_for_kv / (mem.gpu_share * kvb))
+        limits.append((tokens, f"{_gib(mem.vram_for_kv)} of VRAM after the model"))
+    if mem.gpu_share < 1:
+        budget = HOST_KV_SHARE * mem.host_free
+        tokens = int(budget / ((1 - mem.gpu_share) * kvb))
+        limits.append((tokens, f"{_gib(budget)} of host RAM after the OS and the model"))
+    return min(limits)
+
+
+def _round_ctx(tokens: float) -> int:
+    return max(256, int(tokens) // 256 * 256)
+
+
+def _fit_ctx(capacity: int, resident: int | None, longest: int) -> int:
+    """The longest context (multiple of 256) that fits ``resident`` chats plus scratch."""
+    if resident is not None:
+        return min(longest, _round_ctx(capacity / (resident + 1)))
+    n_ctx = longest
+    while n_ctx > MIN_WANTED_CTX and capacity < 3 * n_ctx:  # two chats and scratch
+        n_ctx //= 2
+    return min(n_ctx, _round_ctx(capacity / 2))
+
+
+def _choose_context(p: _Picks, capacity: int, limit: str, geometry: ModelGeometry) -> None:
+    longest = min(geometry.n_ctx_train, MAX_CTX)
+    user_resident = p.settings.resident_sequences
+    why = (
+        f"longest context (<= {longest}, the model's {geometry.n_ctx_train} capped) "
+        f"that fits {capacity} KV tokens ({limit})"
+    )
+    if capacity < 512:  # not even the smallest context plus scratch: say so, loudly
+        why = f"the smallest context: {limit} leaves room for only {capacity} KV tokens"
+    n_ctx = p.pick("n_ctx", lambda: (_fit_ctx(capacity, user_resident, longest), why))
+
+    def resident() -> tuple[int, str]:
+        fits = capacity // n_ctx - 1  # one sequence is scratch
+        value = min(MAX_RESIDENT, max(1, fits))
+        why = f"{capacity} KV tokens hold {max(fits, 0)} chats of {n_ctx} plus scratch"
+        return value, why + (f"; capped at {MAX_RESIDENT}" if fits > MAX_RESIDENT else "")
+
+    p.pick("resident_sequences", resident)
+
+
+def _chunk(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
+    fixed_ms = rates.fixed_ms.get("ram", 0.0) + LOOKUP_MS
+    gbps = rates.tier_gbps.get("ram", 1.0)
+    wanted = CHUNK_COST_FACTOR * fixed_ms / 1000 * gbps * 1e9
+    # Several MB a copy; smaller chunks would share prefixes more finely but pay
+    # the fixed cost more often, larger ones would waste pool slots on short chats.
+    target = min(max(wanted, 2 * MiB), 16 * MiB)
+    tokens = 2 ** round(math.log2(max(target / kvb, 1)))
+    tokens = max(16, min(tokens, 1024, max(n_ctx // 8, 16)))
+    return tokens, (
+        f"{tokens} tokens = {tokens * kvb / MiB:.1f} MiB a transfer, about "
+        f"{target / MiB:.0f} MiB wanted so the {fixed_ms:.2f} ms fixed cost stays small"
+    )
+
+
+def _pool(p: _Picks, mem: _Memory, profile: HardwareProfile, kvb: int) -> tuple[int, str]:
+    v = p.values
+    host_kv = int((v["resident_sequences"] + 1) * v["n_ctx"] * kvb * (1 - mem.gpu_share))
+    free = max(mem.host_free - host_kv, 0)
+    pool = int(POOL_SHARE * free)
+    why = f"half of {_gib(free)} host RAM left after the OS, the model and the context"
+    if profile.offloads and profile.backend == "cuda":
+        cap = profile.memory.total // 2
+        if pool > cap:  # page-locked memory cannot be swapped or reclaimed by the kernel
+            pool, why = cap, f"capped at half of RAM ({_gib(cap)}): the pool is pinned"
+    slot = v["chunk_tokens"] * kvb
+    pool = pool // slot * slot
+    return pool, f"{_gib(pool)}: {why}"
+
+
+def _watermarks(p: _Picks, kvb: int) -> None:
+    """High leaves room for one full prompt's capture; low makes each demotion a batch."""
+    pool = p.values["ram_pool_bytes"]
+    slots = pool // (p.values["chunk_tokens"] * kvb)
+    burst = p.values["n_ctx"] * kvb / pool if pool else 1.0  # one full prompt captured at once
+    auto_high = min(0.95, max(0.5, 1 - burst))
+    gap = min(0.4, max(0.1, burst, 4 / slots if slots else 1.0))
+    user_low = p.settings.low_watermark
+    if user_low is not None:  # keep the pair ordered around the user's value
+        auto_high = min(1.0, max(auto_high, user_low + 0.05))
+    high = p.pick(
+        "high_watermark",
+        lambda: (
+            round(auto_high, 3),
+            f"{1 - auto_high:.0%} headroom for capture; one full prompt is {burst:.1%} of the pool",
+        ),
+    )
+    p.pick(
+        "low_watermark",
+        lambda: (
+            round(max(high - gap, 0.0), 3),
+            f"each demotion frees {gap:.0%} of the pool ({slots} slots): batches, not trickles",
+        ),
+    )
+
+
+def _disk_budget(profile: HardwareProfile) -> tuple[int, str]:
+    disk = profile.disk
+    budget = min(disk.free // 2, disk.total // 4) // MiB * MiB
+    if budget < 256 * MiB:
+        return 0, f"only {_gib(disk.free)} free on the cache disk: no disk tier"
+    return budget, f"half the free space ({_gib(disk.free)}), at most a quarter of the disk"
+
+
+def break_even_tokens(rates: Rates, kv_bytes_per_token: int) -> float:
+    """Cached tokens at which restoring from RAM costs as much as recomputing them.
+
+    Restore: fixed cost (one set_data call, lookups) plus bytes over the RAM
+    tier's rate; recompute: tokens over the prefill rate. The prefill's own
+    fixed cost is paid either way (the rest of the prompt is prefilled after a
+    restore), so it cancels out. ``inf`` when restoring never pays.
+    """
+    fixed_ms = rates.fixed_ms.get("ram", 0.0) + LOOKUP_MS
+    recompute_ms = 1000 / max(rates.prefill_tps, 1e-6)
+    restore_ms = 1000 * kv_bytes_per_token / (max(rates.tier_gbps.get("ram", 0.0), 1e-9) * 1e9)
+    if restore_ms >= recompute_ms:
+        return math.inf
+    return fixed_ms / (recompute_ms - restore_ms)
+
+
+def _threshold(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
+    tokens = break_even_tokens(rates, kvb)
+    if math.isinf(tokens):
+        return n_ctx, "restoring a token is no faster than recomputing it here"
+    return min(max(1, math.ceil(tokens)), n_ctx), (
+        f"break-even of restore from RAM and recompute, fixed costs counted: {tokens:.1f} "
+        f"tokens ({1000 / rates.prefill_tps:.2f} ms a token to recompute)"
+    )
+
+
+def _prewarm(p: _Picks, rates: Rates, kvb: int) -> tuple[int, str]:
+    v = p.values
+    if not v["ram_pool_bytes"] or not v["disk_budget_bytes"]:
+        return 0, "no RAM pool or no disk tier to warm from"
+    chat = min(v["n_ctx"], 2048) * kvb  # a typical chat, not a full context
+    by_pool = int(v["ram_pool_bytes"] / 2 // chat)  # leave half the pool for new work
+    by_time = int(PREWARM_SECONDS * rates.tier_gbps.get("disk", 0.0) * 1e9 // chat)
+    count = max(0, min(by_pool, by_time, MAX_PREWARM))
+    return count, f"min(half the pool: {by_pool}, {PREWARM_SECONDS:.0f} s of disk reads: {by_time})"
+
+
+def choose(
+    profile: HardwareProfile,
+    calibration: Calibration | None,
+    geometry: ModelGeometry,
+    settings: Settings,
+) -> Tuning:
+    """The runtime's thresholds for this machine and model, each with its reason.
+
+    Without a calibration, rates are cautious estimates from the profile. Any
+    tunable set in ``settings`` wins and bounds the values derived from it.
+    """
+    p = _Picks(settings)
+    kvb = max(geometry.kv_bytes_per_token, 1)
+    mem = _memory(profile, geometry, settings)
+    capacity, limit = _kv_capacity(mem, kvb)
+    _choose_context(p, capacity, limit, geometry)
+    n_ctx = p.values["n_ctx"]
+    if calibration is not None:
+        p.pick("zstd_level", lambda: choose_zstd_level(calibration))
+        rates, basis = rates_from(calibration, p.values["zstd_level"]), "measured"
+    else:
+        p.pick("zstd_level", lambda: (0, "not measured: store raw until calibrated"))
+        estimate = estimate_rates(profile, geometry)
+        rates, basis = estimate.rates, estimate.basis
+    p.pick("chunk_tokens", lambda: _chunk(rates, kvb, n_ctx))
+    p.pick("ram_pool_bytes", lambda: _pool(p, mem, profile, kvb))
+    _watermarks(p, kvb)
+    p.pick("disk_budget_bytes", lambda: _disk_budget(profile))
+    p.pick("swap_in_threshold_tokens", lambda: _threshold(rates, kvb, n_ctx))
+    p.pick("prewarm_sessions", lambda: _prewarm(p, rates, kvb))
+    reasons = dict(p.reasons)
+    for name in ("chunk_tokens", "swap_in_threshold_tokens", "prewarm_sessions"):
+        if reasons[name] != "set by the user":  # the values that rest on the rates
+            reasons[name] += f" [{basis}]"
+    return Tuning(reasons=reasons, **p.values)

@@ -1,0 +1,78 @@
+"""warmstart doctor: one JSON object and a text rendering of it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from runtime.doctor import ProgressLine, doctor_report, render_doctor
+from runtime.hardware import HardwareProfile
+from runtime.policy import choose
+from runtime.settings import load_settings
+from tests.hardware.machines import LLAMA_8B, MACHINES, calibration_for
+
+REQUIRED = {
+    "swap_in_threshold_tokens", "ram_pool_bytes", "disk_budget_bytes", "chunk_tokens",
+    "high_watermark", "low_watermark", "zstd_level", "resident_sequences", "n_ctx",
+    "prewarm_sessions",
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("WARMSTART_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+
+
+def _report(profile: HardwareProfile, measured: bool, reused: bool | None = None) -> dict:
+    cal = calibration_for(profile) if measured else None
+    tuning = choose(profile, cal, LLAMA_8B, load_settings())
+    return doctor_report(profile, cal, tuning, calibration_reused=reused)
+
+
+@pytest.mark.parametrize("measured", [True, False])
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_json_shape(machine: str, measured: bool) -> None:
+    report = json.loads(json.dumps(_report(MACHINES[machine], measured)))
+    assert set(report) == {"hardware", "calibration", "settings"}
+    assert set(report["settings"]) >= REQUIRED
+    for entry in report["settings"].values():
+        assert set(entry) == {"value", "reason"} and entry["reason"]
+    assert report["hardware"]["machine_id"] == MACHINES[machine].machine_id()
+    assert (report["calibration"] is None) != measured
+    if measured:
+        assert report["calibration"]["prefill_tps"] > 0 and report["calibration"]["zstd"]
+
+
+@pytest.mark.parametrize("measured", [True, False])
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_text_shows_every_figure_and_reason(machine: str, measured: bool) -> None:
+    report = _report(MACHINES[machine], measured, reused=True)
+    text = render_doctor(report)
+    for name, entry in report["settings"].items():
+        assert name in text and entry["reason"] in text
+    assert ("reused from cache" in text) == measured
+    assert ("not measured" in text) != measured
+    gpus = MACHINES[machine].gpus
+    assert (gpus[0].name if gpus else "none (CPU inference)") in text
+
+
+def test_user_settings_say_so() -> None:
+    profile = MACHINES["laptop"]
+    tuning = choose(profile, None, LLAMA_8B, load_settings(chunk_tokens=128))
+    text = render_doctor(doctor_report(profile, None, tuning))
+    assert "set by the user" in text
+
+
+def test_progress_line() -> None:
+    out = io.StringIO()
+    progress = ProgressLine(out)
+    progress("prefill", 0.0)
+    progress("done", 1.0)
+    assert "[" + "#" * 24 + "]" in out.getvalue() and out.getvalue().endswith("\n")
