@@ -1,0 +1,340 @@
+"""The composition root: builds the store, the client, the controllers and the window,
+and connects them. Nothing else knows all the parts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings
+from PySide6.QtGui import QCloseEvent, QGuiApplication
+from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+from app.core.api import ApiClient
+from app.core.launcher import LocalServer, override_env, port_of, serve_command
+from app.core.preferences import Preferences
+from app.core.report import TIER_LABELS
+from app.core.store import ConversationStore
+from app.core.types import Backend
+from app.qt.controllers import (
+    ChatController,
+    ConnectionController,
+    LibraryController,
+    MemoryController,
+)
+from app.qt.models import ConversationListModel, Roles
+from app.qt.views.main_window import MainWindow
+from app.qt.views.settings_dialog import SettingsDialog
+from app.qt.workers import Jobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    data_dir: Path
+    base_url: str | None = None  # overrides the saved preference for this run
+    api_key: str | None = None
+    autostart: bool | None = None
+    scheme: str = "light"
+
+
+class WarmstartApp:
+    def __init__(self, options: Options, backend: Backend | None = None) -> None:
+        self.options = options
+        options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.store = ConversationStore(options.data_dir / "conversations.db")
+        prefs = Preferences.load(self.store)
+        self.prefs = replace(
+            prefs,
+            base_url=options.base_url or prefs.base_url,
+            api_key=options.api_key if options.api_key is not None else prefs.api_key,
+            autostart=prefs.autostart if options.autostart is None else options.autostart,
+        )
+        self.jobs = Jobs()
+        self.connection = ConnectionController(
+            self.jobs, backend or self._make_backend(), launcher=self._launcher()
+        )
+        self.chat = ChatController(self.store, self.connection, self.jobs, lambda: self.prefs)
+        self.conversations = ConversationListModel()
+        self.library = LibraryController(self.store, self.conversations, self.connection, self.jobs)
+        self.memory = MemoryController(self.connection, self.jobs)
+        self.window = MainWindow(options.scheme)
+        self.window.conversations.setModel(self.conversations)
+        self.window.closeEvent = self._on_close  # type: ignore[method-assign]
+        self._wire()
+        self._restore_geometry()
+
+    # -- construction ------------------------------------------------------------------
+
+    def _make_backend(self) -> ApiClient:
+        return ApiClient(self.prefs.base_url, api_key=self.prefs.api_key or None)
+
+    def _launcher(self) -> Callable[[], LocalServer] | None:
+        if not self.prefs.autostart:
+            return None
+        override = os.environ.get("WARMSTART_APP_SERVER_CMD")
+
+        def make() -> LocalServer:
+            command = serve_command(
+                port_of(self.prefs.base_url), shlex.split(override) if override else None
+            )
+            env = override_env(self.prefs.overrides)
+            if self.prefs.model:
+                env["WARMSTART_MODEL"] = self.prefs.model
+            return LocalServer(command, self.options.data_dir / "server.log", env)
+
+        return make
+
+    def _settings(self) -> QSettings:
+        return QSettings(str(self.options.data_dir / "window.ini"), QSettings.Format.IniFormat)
+
+    def _restore_geometry(self) -> None:
+        settings = self._settings()
+        geometry, state = settings.value("geometry"), settings.value("state")
+        if geometry is not None:
+            self.window.restoreGeometry(geometry)  # type: ignore[arg-type]
+        if state is not None:
+            self.window.restoreState(state)  # type: ignore[arg-type]
+
+    def _wire(self) -> None:
+        w, chat, conn = self.window, self.chat, self.connection
+        view = w.chat
+        # chat view <-> chat controller
+        view.send_requested.connect(self._send)
+        view.stop_requested.connect(chat.stop)
+        view.regenerate_requested.connect(chat.regenerate)
+        view.edit_requested.connect(self._edit_last)
+        view.copy_requested.connect(lambda text: QGuiApplication.clipboard().setText(text))
+        chat.opened.connect(lambda _cid, msgs: view.set_messages(msgs))
+        chat.opened.connect(lambda cid, _m: self._select(cid))
+        chat.opened.connect(lambda _c, _m: self._show_location())
+        chat.message_added.connect(view.add_message)
+        chat.truncated.connect(view.truncate)
+        chat.reply_started.connect(view.start_reply)
+        chat.reply_delta.connect(view.append_delta)
+        chat.reply_finished.connect(view.finish_reply)
+        chat.busy_changed.connect(view.set_busy)
+        chat.status.connect(w.status_label.setText)
+        chat.error.connect(view.show_error)
+        chat.conversations_changed.connect(self.library.reload)
+        chat.conversations_changed.connect(lambda: self._select(chat.current))
+        chat.report_received.connect(self.memory.add_report)
+        # list
+        w.conversations.clicked.connect(self._open_index)
+        w.conversations.activated.connect(self._open_index)
+        w.search.textChanged.connect(self.library.set_search)
+        w.search.textChanged.connect(lambda _t: self._select(chat.current))
+        self.library.deleted.connect(self._on_deleted)
+        self.library.prewarm_progress.connect(self._on_prewarm)
+        # memory
+        self.memory.snapshot.connect(w.memory.set_snapshot)
+        self.memory.sessions.connect(self.library.apply_sessions)
+        self.memory.sessions.connect(lambda _s: self._show_location())
+        self.memory.history_changed.connect(w.memory.set_history)
+        self.memory.last_report.connect(w.memory.set_last_report)
+        # connection
+        conn.message.connect(self._on_connection_message)
+        conn.progress.connect(self._on_progress)
+        conn.state_changed.connect(lambda s: w.connection_label.setText(self._state_text(s)))
+        conn.became_ready.connect(self._on_ready)
+        conn.capabilities.connect(lambda ok: None if ok else w.memory.set_snapshot(None))
+        # actions
+        w.new_button.clicked.connect(self.new_conversation)
+        w.new_action.triggered.connect(self.new_conversation)
+        w.search_action.triggered.connect(self._focus_search)
+        w.settings_action.triggered.connect(self.open_settings)
+        w.quit_action.triggered.connect(w.close)
+        w.stop_action.triggered.connect(chat.stop)
+        w.regenerate_action.triggered.connect(chat.regenerate)
+        w.edit_action.triggered.connect(self._edit_last)
+        w.copy_action.triggered.connect(
+            lambda: QGuiApplication.clipboard().setText(chat.last_reply())
+        )
+        w.rename_action.triggered.connect(self._rename_selected)
+        w.pin_action.triggered.connect(self._pin_selected)
+        w.delete_action.triggered.connect(self._delete_selected)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Show the window at once; connecting (and maybe starting a server) follows."""
+        self.window.show()
+        self.window.connection_label.setText(self._state_text(self.connection.state))
+        first = self.store.conversations()
+        if first:
+            self.chat.open(first[0].id)
+        else:
+            self.chat.open(None)
+        self.window.chat.composer.setFocus()
+        self.connection.start()
+        self.memory.start()
+
+    def shutdown(self) -> None:
+        settings = self._settings()
+        settings.setValue("geometry", self.window.saveGeometry())
+        settings.setValue("state", self.window.saveState())
+        settings.sync()
+        self.memory.stop()
+        self.chat.stop()
+        self.connection.shutdown()
+        self.jobs.wait(5000)
+        self.store.close()
+
+    def _on_close(self, event: QCloseEvent) -> None:
+        self.shutdown()
+        event.accept()
+
+    # -- behaviour the window asks for ----------------------------------------------------
+
+    def new_conversation(self) -> None:
+        self.window.search.clear()
+        self.chat.new_conversation()
+        self.window.chat.composer.setFocus()
+
+    def _focus_search(self) -> None:
+        self.window.search.setFocus()
+        self.window.search.selectAll()
+
+    def _send(self, text: str) -> None:
+        if self.chat.send(text):
+            self.window.chat.composer.clear()
+
+    def _edit_last(self) -> None:
+        text = self.chat.edit_last()
+        if text is not None:
+            self.window.chat.set_draft(text)
+            self.window.status_label.setText("Editing the last message: Enter resends it.")
+
+    def _open_index(self, index: QModelIndex) -> None:
+        cid = self.conversations.data(index, Roles.Id)
+        if cid and cid != self.chat.current:
+            self.chat.open(cid)
+
+    def _select(self, cid: str | None) -> None:
+        view = self.window.conversations
+        row = self.conversations.row_of(cid) if cid else -1
+        flag = QItemSelectionModel.SelectionFlag.ClearAndSelect
+        if row >= 0:
+            view.selectionModel().setCurrentIndex(self.conversations.index(row), flag)
+        else:
+            view.clearSelection()
+
+    def _selected_id(self) -> str | None:
+        return self.chat.current
+
+    def _rename_selected(self) -> None:
+        cid = self._selected_id()
+        conv = self.store.get(cid) if cid else None
+        if conv is None:
+            return
+        title, ok = QInputDialog.getText(self.window, "Rename", "Title", text=conv.title)
+        if ok:
+            self.library.rename(conv.id, title)
+            self._select(conv.id)
+
+    def _pin_selected(self) -> None:
+        cid = self._selected_id()
+        if cid:
+            self.library.toggle_pinned(cid)
+            self._select(cid)
+
+    def _delete_selected(self) -> None:
+        cid = self._selected_id()
+        conv = self.store.get(cid) if cid else None
+        if conv is None:
+            return
+        answer = QMessageBox.question(
+            self.window, "Delete conversation", f"Delete “{conv.title}” and its cached context?"
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.library.delete(conv.id)
+
+    def _on_deleted(self, cid: str) -> None:
+        if cid == self.chat.current:
+            rest = self.store.conversations()
+            self.chat.open(rest[0].id if rest else None)
+
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.prefs, self.window)
+        backend = self.connection.backend
+        self.jobs.submit(backend.models, dialog.set_models, lambda _e: None)
+        self.jobs.submit(
+            backend.server_settings,
+            dialog.set_server_settings,
+            lambda e: dialog.thresholds_note.setText(f"Could not ask the server: {e}"),
+        )
+        if dialog.exec():
+            self.apply_preferences(dialog.preferences())
+
+    def apply_preferences(self, prefs: Preferences) -> None:
+        server_changed = (prefs.base_url, prefs.api_key) != (
+            self.prefs.base_url,
+            self.prefs.api_key,
+        )
+        self.prefs = prefs
+        prefs.save(self.store)
+        if server_changed:
+            self.connection.set_backend(self._make_backend())
+
+    # -- feedback ----------------------------------------------------------------------
+
+    @staticmethod
+    def _state_text(state: str) -> str:
+        return {
+            "connecting": "● connecting",
+            "starting": "● starting the server",
+            "ready": "● connected",
+            "down": "● server down",
+        }.get(state, state)
+
+    def _on_connection_message(self, text: str) -> None:
+        if self.connection.state == "down":
+            self.window.chat.show_error(text)
+        elif self.connection.state == "ready":
+            self.window.chat.show_error("")
+        else:
+            self.window.chat.show_progress(text)
+
+    def _on_progress(self, text: str, fraction: object) -> None:
+        frac = float(fraction) if isinstance(fraction, int | float) else None
+        if text:
+            self.window.chat.show_progress(text, frac)
+        else:
+            self.window.chat.show_progress("")
+
+    def _on_ready(self, health: object) -> None:
+        model = getattr(health, "model", None)
+        self.window.connection_label.setText(
+            f"● connected to {self.connection.backend.base_url}" + (f" · {model}" if model else "")
+        )
+        self.window.chat.show_error("")
+        self.window.chat.show_progress("")
+        prewarm = self.prefs.overrides.get("prewarm_sessions")
+        self.library.prewarm_recent(int(prewarm) if prewarm and prewarm.isdigit() else 3)
+
+    def _on_prewarm(self, done: int, total: int) -> None:
+        if total == 0 or done >= total:
+            self.window.chat.show_progress("")
+        else:
+            self.window.chat.show_progress(
+                f"Warming up recent conversations ({done}/{total})…", done / total
+            )
+
+    def _show_location(self) -> None:
+        cid = self.chat.current
+        if not cid:
+            self.window.memory.set_location("")
+            return
+        where = self.conversations.location(cid)
+        tokens = self.conversations.data(
+            self.conversations.index(self.conversations.row_of(cid)), Roles.CachedTokens
+        )
+        text = f"This conversation's cache: {TIER_LABELS[where]}"
+        if tokens:
+            text += f" ({tokens:,} tokens)"
+        self.window.memory.set_location(text)
