@@ -221,7 +221,7 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[StoredMessage]) -> None:
         for bubble in self.bubbles:
-            bubble.deleteLater()
+            self._drop(bubble)
         self.bubbles = []
         self._stream = None
         for msg in messages:
@@ -238,7 +238,7 @@ class ChatView(QWidget):
 
     def truncate(self, keep: int) -> None:
         for bubble in self.bubbles[keep:]:
-            bubble.deleteLater()
+            self._drop(bubble)
         del self.bubbles[keep:]
         self._update_actions()
 
@@ -261,7 +261,7 @@ class ChatView(QWidget):
         if bubble is not None:
             if msg is None:
                 self.bubbles.remove(bubble)
-                bubble.deleteLater()
+                self._drop(bubble)
             else:
                 bubble.set_text(msg.content)
                 if msg.report is not None:
@@ -300,6 +300,13 @@ class ChatView(QWidget):
         self.bubbles.append(bubble)
         self.empty_label.hide()
         return bubble
+
+    def _drop(self, bubble: MessageBubble) -> None:
+        # Out of the layout now: deleteLater alone leaves it on screen until the event
+        # loop gets back to deferred deletes, which a nested processEvents never does.
+        bubble.hide()
+        self.messages_layout.removeWidget(bubble)
+        bubble.deleteLater()
 
     def _update_actions(self, busy: bool | None = None) -> None:
         busy = self.stop_button.isVisible() if busy is None else busy

@@ -35,6 +35,8 @@ class MainWindow(QMainWindow):
         self.new_button = QPushButton("New conversation")
         self.conversations = QListView()
         self.conversations.setUniformItemSizes(True)
+        self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conversations.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
         side_layout.addWidget(self.new_button)
         side_layout.addWidget(self.search)

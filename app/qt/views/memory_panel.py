@@ -99,6 +99,7 @@ class MemoryPanel(QWidget):
         self.tiers_box = QFrame()
         grid = QGridLayout(self.tiers_box)
         grid.setContentsMargins(0, 0, 0, 0)
+        grid.setColumnStretch(1, 1)
         self.bars: dict[str, QProgressBar] = {}
         self.hit_labels: dict[str, QLabel] = {}
         for row, tier in enumerate(TIERS):

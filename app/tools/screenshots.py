@@ -1,0 +1,148 @@
+"""Screenshots of the main window for the docs, light and dark.
+
+Run ``python -m app.tools.screenshots`` (it re-runs itself under ``xvfb-run`` when no
+display is set). Each theme runs in its own process against the app's contract fake
+server (``--server-cmd`` swaps in another, e.g. ``"warmstart serve --port {port}"``),
+with a few conversations so the memory panel has something to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTIONS = [
+    ("How does warmstart keep a conversation's KV cache?", True),
+    ("Write a Python function that greets someone.", False),
+    ("And how is a restore different from a prefill?", True),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the window did not reach the expected state")
+        QApplication.processEvents()
+        time.sleep(0.01)
+
+
+def shoot(theme: str, out: Path, server_cmd: str | None) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from app.qt.application import Options, WarmstartApp
+    from app.qt.theme import Theme, app_icon
+
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="warmstart-shots-"))
+    cmd = (
+        shlex.split(server_cmd.replace("{port}", str(port)))
+        if server_cmd
+        else [
+            *(sys.executable, "-m", "app.tools.fake_server", "--port", str(port)),
+            *("--token-delay", "0.002", "--state", str(work / "server.json")),
+        ]
+    )
+    server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        qapp = QApplication.instance() or QApplication([sys.argv[0]])
+        assert isinstance(qapp, QApplication)
+        qapp.setWindowIcon(app_icon())
+        styled = Theme(qapp, theme)
+        options = Options(
+            data_dir=work / "app",
+            base_url=f"http://127.0.0.1:{port}/v1",
+            autostart=False,
+            scheme=styled.scheme,
+        )
+        app = WarmstartApp(options)
+        app.start()
+        app.window.resize(1280, 800)
+        wait_until(lambda: app.connection.ready, 60)
+        first = None
+        for question, in_first in QUESTIONS:
+            if in_first and first is not None:
+                app.chat.open(first)
+            elif not in_first or first is None:
+                app.chat.new_conversation()
+            first = first or app.chat.current
+            app.chat.send(question)
+            wait_until(lambda: not app.chat.busy)
+        assert first is not None
+        app.library.set_pinned(first, True)
+        app.memory.refresh()
+        wait_until(lambda: not app.memory.polling)
+        app.memory.refresh()  # a second poll shows the tiers after the last reply
+        wait_until(lambda: not app.memory.polling)
+        app.chat.open(first)
+        app.window.memory_dock.show()
+        for _ in range(30):
+            QApplication.processEvents()
+            time.sleep(0.02)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        app.window.grab().save(str(out))
+        app.window.close()
+        print(f"wrote {out}")
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--theme", choices=("light", "dark"), help="one theme (default: both)")
+    parser.add_argument("--server-cmd", help="server command with {port}")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DISPLAY") and not os.environ.get("QT_QPA_PLATFORM"):
+        xvfb = shutil.which("xvfb-run")
+        if xvfb is None:
+            print("no display and no xvfb-run: install xvfb (installers/linux/system-deps.sh)")
+            return 2
+        argv = sys.argv[1:] if argv is None else argv
+        command = [xvfb, "-a", "-s", "-screen 0 1600x1000x24", sys.executable, "-m"]
+        return subprocess.call([*command, "app.tools.screenshots", *argv], cwd=ROOT)
+    if args.theme is None:
+        for theme in ("light", "dark"):
+            # one process per theme: a fresh QApplication picks up its palette cleanly
+            rc = subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "app.tools.screenshots",
+                    "--theme",
+                    theme,
+                    "--out",
+                    str(args.out),
+                ]
+                + (["--server-cmd", args.server_cmd] if args.server_cmd else []),
+                cwd=ROOT,
+            )
+            if rc:
+                return rc
+        return 0
+    shoot(args.theme, args.out / f"app-{args.theme}.png", args.server_cmd)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
