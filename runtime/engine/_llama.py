@@ -6,6 +6,7 @@ thread-safe on its own. llama.cpp's return codes become EngineError here.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
@@ -19,6 +20,18 @@ import numpy as np
 from runtime.errors import EngineError, ModelError
 
 log = logging.getLogger(__name__)
+
+
+@atexit.register
+def _close_llama_cpp_devnull() -> None:
+    """llama_cpp._utils opens /dev/null twice at import and never closes it, which
+    Python reports as a ResourceWarning at exit; close them on its behalf."""
+    from llama_cpp import _utils
+
+    for name in ("outnull_file", "errnull_file"):
+        f = getattr(_utils, name, None)
+        if f is not None and not f.closed:
+            f.close()
 
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
 _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0

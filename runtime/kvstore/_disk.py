@@ -41,10 +41,6 @@ MIGRATIONS = [
 ]
 
 
-class _Encoded(bytes):
-    """Bytes that already carry a record header (so ZstdDisk stores them as they are)."""
-
-
 @dataclass(frozen=True)
 class _Pending:
     payload: bytes | memoryview
@@ -63,9 +59,8 @@ class ZstdDisk(diskcache.Disk):
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if isinstance(value, _Pending):
-            value = _Encoded(
-                _codec.encode(value.payload, value.key, value.fingerprint, value.level)
-            )
+            # plain bytes (not a subclass): diskcache then stores them raw, unpickled
+            value = _codec.encode(value.payload, value.key, value.fingerprint, value.level)
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             os.chmod(os.path.join(self._directory, filename), 0o600)
@@ -150,7 +145,7 @@ class DiskTier:
         foreign record raises CacheError after being deleted."""
         try:
             data = self._blobs.get(key.hex(), default=None, retry=True)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+        except Exception as exc:  # whatever a damaged file makes diskcache raise
             self.delete(key)
             raise CacheError(f"cannot read chunk {key.hex()}: {exc}") from exc
         if data is None:

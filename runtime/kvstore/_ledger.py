@@ -28,6 +28,7 @@ class Record:
     pins: int = 0
     last_used: float = 0.0
     promoted_at: float = 0.0
+    doomed: bool = False  # to be dropped as soon as its last pin goes
 
     @property
     def end(self) -> int:
@@ -101,7 +102,7 @@ class Ledger:
         while pos < len(ids):
             best, best_use = None, 0
             for record in self.children(parent):
-                if record.tokens[0] != ids[pos] or record.start != pos:
+                if record.doomed or record.tokens[0] != ids[pos] or record.start != pos:
                     continue
                 use = common_prefix(record.tokens, ids[pos : pos + len(record.tokens)])
                 if use > best_use:

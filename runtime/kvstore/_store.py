@@ -91,9 +91,13 @@ class TieredStore:
             return out
 
     def release(self, hits: Sequence[Hit]) -> None:
+        """complete_load: unpins; a chunk doomed while it was being read goes now."""
         with self._lock:
             self.ledger.unpin(h.record for h in hits)
             self.ledger.touch(h.record for h in hits)
+            for hit in hits:
+                if hit.record.doomed:
+                    self._forget(hit.record)
 
     def read(self, record: Record) -> np.ndarray | bytes | None:
         """The chunk's bytes from the fastest tier (a disk read is promoted to RAM when
@@ -136,7 +140,7 @@ class TieredStore:
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             record = self.ledger.get(key)
-            return record is not None and record.tier is not None
+            return record is not None and record.tier is not None and not record.doomed
 
     def reserve(self, nbytes: int) -> Reservation:
         """prepare_store: room for ``nbytes`` (a pool slot when one can be had)."""
@@ -167,6 +171,7 @@ class TieredStore:
             record = Record(key, parent, start, tuple(tokens), nbytes)
             existing = self.ledger.get(key)
             if existing is not None and existing.tier is not None:
+                existing.doomed = False  # wanted again after all
                 self.abort(reservation)
                 return existing
             if existing is not None:
@@ -215,8 +220,11 @@ class TieredStore:
                 self.counters["evictions"] += 1
 
     def _forget(self, record: Record) -> None:
+        """Drops a chunk from every tier; a pinned one (being read or written) is doomed
+        instead and goes when its last pin does."""
         with self._lock:
             if record.pins:
+                record.doomed = True
                 return
             if record.slot is not None and self.pool is not None:
                 self.pool.release(record.slot)
@@ -231,7 +239,7 @@ class TieredStore:
         n = 0
         for key in keys:
             record = self.ledger.get(key)
-            if record is not None and not record.pins:
+            if record is not None:
                 self._forget(record)
                 n += 1
         return n
@@ -287,6 +295,8 @@ class TieredStore:
             self.counters["written"] += int(ok)
             if record.slot is None and not record.on_disk:
                 self.ledger.remove(record.key)
+            elif record.doomed and not record.pins:
+                self._forget(record)
 
     def flush(self) -> None:
         """Waits until every chunk captured so far is on disk."""

