@@ -1,0 +1,10 @@
+"""warmstart's OpenAI-compatible HTTP API (see docs/api.md).
+
+``create_app(settings, runtime)`` builds the ASGI app; ``serve(settings, runtime)``
+runs it under uvicorn and refuses to bind beyond loopback without an API key.
+"""
+
+from runtime.api._app import create_app
+from runtime.api._server import check_bind, is_loopback, serve
+
+__all__ = ["check_bind", "create_app", "is_loopback", "serve"]

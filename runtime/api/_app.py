@@ -1,0 +1,45 @@
+"""The app factory: one FastAPI app per (settings, runtime), no module-level state."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from runtime.api import _errors, _openai, _warmstart
+from runtime.api._metrics import Metrics
+from runtime.api._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
+from runtime.api._state import AppState
+from runtime.service import Runtime
+from runtime.settings import Settings
+
+DESCRIPTION = """An OpenAI-compatible API over a local model whose KV cache is kept in
+tiers (live context, RAM pool, disk). Every reply reports how many prompt tokens came
+from the cache in `usage.prompt_tokens_details.cached_tokens` and in `x_warmstart`."""
+
+
+def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+    """An ASGI app serving ``runtime``. The caller owns the runtime (and closes it).
+
+    Middleware, outermost first: CORS (only when ``settings.cors_origins``, so a
+    preflight needs no key), request counting, API key (only when
+    ``settings.api_key``), body size limit.
+    """
+    app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
+    app.state.warmstart = AppState(settings=settings, runtime=runtime, metrics=Metrics(runtime))
+    _errors.install(app)
+    app.include_router(_openai.build_router())
+    app.include_router(_warmstart.build_router())
+    app.include_router(_warmstart.build_service_router())
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    if settings.api_key:
+        app.add_middleware(AuthMiddleware, api_key=settings.api_key)
+    app.add_middleware(CountingMiddleware, metrics=app.state.warmstart.metrics)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Warmstart-Session"],
+        )
+    return app

@@ -1,0 +1,131 @@
+"""Pure ASGI middleware: API key check, request size limit, request counting.
+
+Pure ASGI (not BaseHTTPMiddleware) so streamed replies and disconnect messages pass
+through untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.api._errors import error_body
+from runtime.api._metrics import Metrics
+
+# Probes and load balancers check liveness without a key.
+OPEN_PATHS = frozenset({"/health"})
+
+
+async def _send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
+    raw = json.dumps(body).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class AuthMiddleware:
+    """Requires ``Authorization: Bearer <api_key>`` on every path but /health."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        # compare_digest: the time taken must not reveal how much of the key matched.
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        message = "missing API key" if not given else "incorrect API key"
+        body = error_body(
+            f"{message}: send 'Authorization: Bearer <key>'",
+            "authentication_error",
+            code="invalid_api_key",
+        )
+        await _send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
+
+
+class BodyLimitMiddleware:
+    """Answers 413 to a body over ``limit`` bytes, declared or streamed.
+
+    The body is read up front (it is bounded) and replayed to the app; after it the
+    app's ``receive`` reaches the server again, so disconnects still arrive."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._too_large(send)
+                return
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = error_body(
+            f"the request body is larger than {self.limit} bytes",
+            "invalid_request_error",
+            code="request_too_large",
+        )
+        await _send_error(send, 413, body, [(b"connection", b"close")])
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+class CountingMiddleware:
+    """Counts every response by route template (not raw path) and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.count_request(route, status)

@@ -1,0 +1,110 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse, Response
+
+from runtime.api._errors import APIError
+from runtime.api._replies import Shape
+from runtime.api._schemas import (
+    DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from runtime.api._sse import SSEResponse, collect
+from runtime.api._state import ERRORS, AppState, state
+from runtime.types import Request as RuntimeRequest
+
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Warmstart-Session",
+        min_length=1,
+        max_length=256,
+        description="names the conversation, so its cache is found even when edited",
+    ),
+]
+
+
+def _model_card(st: AppState) -> dict[str, Any]:
+    return {
+        "id": st.runtime.model_id,
+        "object": "model",
+        "created": st.started,
+        "owned_by": "warmstart",
+    }
+
+
+async def _max_tokens(st: AppState, requested: int | None, draft: RuntimeRequest) -> int:
+    """The client's max_tokens, else as many as fit (at most DEFAULT_MAX_TOKENS)."""
+    n_ctx = st.runtime.n_ctx
+    if requested is not None:
+        if requested > n_ctx:
+            message = f"max_tokens is {requested}, but the context holds only {n_ctx} tokens"
+            raise APIError(400, message, param="max_tokens")
+        return requested
+    used = await anyio.to_thread.run_sync(st.runtime.count_tokens, draft, limiter=st.limiter)
+    # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.
+    return max(1, min(DEFAULT_MAX_TOKENS, n_ctx - used))
+
+
+async def _reply(
+    request: Request, st: AppState, req: RuntimeRequest, shape: Shape, stream: bool, usage: bool
+) -> Response:
+    """Starts the generation (errors surface here, before any byte is sent) and
+    returns it streamed or whole."""
+    events = await anyio.to_thread.run_sync(st.runtime.generate, req, limiter=st.limiter)
+    if stream:
+        return SSEResponse(
+            events, shape, st.limiter, include_usage=usage, on_done=st.metrics.observe
+        )
+    text, report = await collect(request, events, st.limiter)
+    st.metrics.observe(report)
+    return JSONResponse(shape.whole(text, report))
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["openai"])
+
+    @router.get("/models")
+    def list_models(request: Request) -> dict[str, Any]:
+        """The loaded model (the only one); "default" is accepted as its alias too."""
+        return {"object": "list", "data": [_model_card(state(request))]}
+
+    @router.get("/models/{model_id}", responses=ERRORS)
+    def get_model(model_id: str, request: Request) -> dict[str, Any]:
+        st = state(request)
+        st.check_model(model_id)
+        return _model_card(st)
+
+    @router.post("/chat/completions", responses=ERRORS)
+    async def chat_completions(
+        body: ChatCompletionRequest, request: Request, x_warmstart_session: SessionHeader = None
+    ) -> Response:
+        """A chat reply, whole or streamed (SSE), with usage and x_warmstart."""
+        st = state(request)
+        st.check_model(body.model)
+        draft = body.to_request(x_warmstart_session, 1)
+        limit = await _max_tokens(st, body.requested_max_tokens(), draft)
+        req = body.to_request(x_warmstart_session, limit)
+        shape = Shape("chat", st.runtime.model_id)
+        return await _reply(request, st, req, shape, body.stream, body.include_usage)
+
+    @router.post("/completions", responses=ERRORS)
+    async def completions(
+        body: CompletionRequest, request: Request, x_warmstart_session: SessionHeader = None
+    ) -> Response:
+        """A raw text completion of ``prompt`` (no chat template), whole or streamed."""
+        st = state(request)
+        st.check_model(body.model)
+        draft = body.to_request(x_warmstart_session, 1)
+        limit = await _max_tokens(st, body.requested_max_tokens(), draft)
+        req = body.to_request(x_warmstart_session, limit)
+        shape = Shape("completion", st.runtime.model_id)
+        return await _reply(request, st, req, shape, body.stream, body.include_usage)
+
+    return router

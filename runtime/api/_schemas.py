@@ -1,0 +1,126 @@
+"""Request bodies of the OpenAI-compatible endpoints, and their translation to Request.
+
+Types are strict (a string where a number belongs is a 400, not a guess). Fields
+that OpenAI defines but warmstart does not use (``frequency_penalty``, ``logprobs``,
+``tools`` ...) are ignored, so clients that always send them keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.errors import RequestError
+from runtime.types import Message, Request, Sampling
+
+# Requests without max_tokens get at most this many, and never more than fits.
+DEFAULT_MAX_TOKENS = 512
+SESSION_ID = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    # "developer" is what newer OpenAI clients send for the system prompt.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def to_message(self) -> Message:
+        content = self.content or ""
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return Message(role=role, content=content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampled(_Body):
+    """The sampling fields shared by chat and raw completions."""
+
+    model: str | None = Field(None, description="the loaded model's id or 'default'")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    n: int = Field(1, ge=1, le=1, description="only one choice is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: SESSION_ID | None = Field(None, description="session hint (X-Warmstart-Session wins)")
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            # llama.cpp seeds are 32-bit; any integer a client sends maps onto one.
+            seed=None if self.seed is None else self.seed % 2**32,
+            max_tokens=max_tokens,
+            stop=tuple(s for s in stops if s),
+        )
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampled):
+    messages: list[ChatMessage] = Field(..., description="the conversation, oldest first")
+
+    def to_request(self, session_id: str | None, max_tokens: int) -> Request:
+        if not self.messages:
+            raise RequestError("messages must contain at least one message", "messages")
+        return Request(
+            messages=tuple(m.to_message() for m in self.messages),
+            sampling=self.sampling(max_tokens),
+            session_id=session_id or self.user,
+        )
+
+
+class CompletionRequest(_Sampled):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        ..., description="the text to continue (a list holding one string is accepted)"
+    )
+
+    def to_request(self, session_id: str | None, max_tokens: int) -> Request:
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        if not prompt:
+            raise RequestError("prompt must not be empty", "prompt")
+        return Request(
+            prompt=prompt,
+            sampling=self.sampling(max_tokens),
+            session_id=session_id or self.user,
+        )
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx body, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+class PrewarmResult(BaseModel):
+    session_id: str
+    promoted_tokens: int

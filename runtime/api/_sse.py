@@ -1,0 +1,156 @@
+"""Driving a blocking runtime Stream from the event loop, streamed (SSE) or whole.
+
+A Stream blocks its consumer between tokens, so each ``next()`` runs in a worker
+thread. Whatever way a reply ends early (the client disconnects, the task is
+cancelled, sending fails), ``stream.cancel()`` is called so the runtime frees the
+conversation's slot at once instead of generating for nobody.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from runtime.api._errors import error_body
+from runtime.api._replies import Shape
+from runtime.errors import Cancelled, WarmstartError
+from runtime.types import Done, Event, Report, Stream, Token
+
+log = logging.getLogger(__name__)
+
+
+def _next(iterator: Iterator[Event]) -> Event | None:
+    return next(iterator, None)
+
+
+async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterator[Event]:
+    """The stream's events; cancels the stream unless it was read to its Done."""
+    iterator = iter(stream)
+    done = False
+    try:
+        while not done:
+            # abandon_on_cancel: a disconnect must not wait for the next token.
+            event = await anyio.to_thread.run_sync(
+                _next, iterator, abandon_on_cancel=True, limiter=limiter
+            )
+            if event is None:
+                raise WarmstartError("the runtime's stream ended without a Done event")
+            done = isinstance(event, Done)
+            yield event
+    finally:
+        if not done:
+            stream.cancel()
+
+
+async def collect(
+    request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
+) -> tuple[str, Report]:
+    """The whole reply; a client that disconnects while waiting cancels the stream
+    (and gets Cancelled raised here, which nobody is left to read)."""
+    parts: list[str] = []
+    report: Report | None = None
+    failure: BaseException | None = None
+
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            log.info("client disconnected; cancelling its generation")
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            async for event in events(stream, limiter):
+                if isinstance(event, Token):
+                    parts.append(event.text)
+                else:
+                    report = event.report
+        except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
+            failure = exc
+        group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    if report is None:
+        raise Cancelled("the client disconnected")
+    return "".join(parts), report
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+async def sse_chunks(
+    stream: Stream,
+    shape: Shape,
+    limiter: anyio.CapacityLimiter,
+    *,
+    include_usage: bool,
+    on_done: Callable[[Report], None],
+) -> AsyncGenerator[str, None]:
+    """The SSE body: a role chunk (chat), a chunk per token, the finishing chunk
+    (always with usage and x_warmstart), the usage chunk if asked, then [DONE]."""
+    if shape.kind == "chat":
+        yield _sse(shape.chunk(None))
+    try:
+        async for event in events(stream, limiter):
+            if isinstance(event, Token):
+                yield _sse(shape.chunk(event.text))
+                continue
+            on_done(event.report)
+            yield _sse(shape.last_chunk(event.report))
+            if include_usage:
+                yield _sse(shape.usage_chunk(event.report))
+    except Exception as exc:  # any failure: the client must still see the stream end
+        # The status line is already sent; OpenAI's clients raise on an error event.
+        log.error("generation failed mid-stream: %s", exc, exc_info=exc)
+        yield _sse(error_body(str(exc), "server_error"))
+    yield _sse("[DONE]")
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream reply. However it ends, a stream not read to its Done is
+    cancelled and the body generator closed, so the runtime frees the slot now."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        stream: Stream,
+        shape: Shape,
+        limiter: anyio.CapacityLimiter,
+        *,
+        include_usage: bool,
+        on_done: Callable[[Report], None],
+    ) -> None:
+        self._stream = stream
+        self._done = False
+
+        def finished(report: Report) -> None:
+            self._done = True
+            on_done(report)
+
+        self._chunks = sse_chunks(
+            stream, shape, limiter, include_usage=include_usage, on_done=finished
+        )
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(self._chunks, headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self._done:
+                log.info("stream ended early (client gone?); cancelling its generation")
+                self._stream.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._chunks.aclose()

@@ -1,0 +1,117 @@
+"""warmstart's own routes: sessions, prewarm, stats, settings, /health, /metrics.
+
+The runtime calls here may wait on the runtime's locks, so these routes are plain
+``def`` functions, which FastAPI runs in its thread pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from runtime.api._errors import APIError
+from runtime.api._metrics import CONTENT_TYPE
+from runtime.api._state import ERRORS, AppState, state
+from runtime.types import SessionInfo
+
+# Settings whose values never leave the server.
+_SECRET = frozenset({"api_key"})
+
+
+def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": info.id,
+        "object": "warmstart.session",
+        "title": info.title,
+        "created": info.created,
+        "updated": info.updated,
+        "n_tokens": info.n_tokens,
+        "cached_tokens": sum(info.tiers.values()),
+        "tiers": info.tiers,
+        "location": info.location,
+    }
+    if messages:
+        body["messages"] = [{"role": m.role, "content": m.content} for m in info.messages]
+    return body
+
+
+def _known(st: AppState, session_id: str) -> SessionInfo:
+    info = st.runtime.session(session_id)
+    if info is None:
+        raise APIError(
+            404, f"no session '{session_id}'", param="session_id", code="session_not_found"
+        )
+    return info
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/v1/warmstart", tags=["warmstart"])
+
+    @router.get("/sessions")
+    def list_sessions(request: Request) -> dict[str, Any]:
+        """Known conversations, newest first, with their cached tokens per tier."""
+        infos = state(request).runtime.sessions()
+        return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
+
+    @router.get("/sessions/{session_id}", responses=ERRORS)
+    def get_session(session_id: str, request: Request) -> dict[str, Any]:
+        """One conversation, with its messages."""
+        return _session(_known(state(request), session_id), messages=True)
+
+    @router.delete("/sessions/{session_id}", responses=ERRORS)
+    def delete_session(session_id: str, request: Request) -> dict[str, Any]:
+        """Forgets a conversation and drops the chunks no other conversation uses."""
+        if not state(request).runtime.delete_session(session_id):
+            _known(state(request), session_id)  # raises the 404
+        return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
+
+    @router.post("/sessions/{session_id}/prewarm", responses=ERRORS)
+    def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:
+        """Promotes a conversation's cached chunks to RAM before it is needed."""
+        st = state(request)
+        _known(st, session_id)
+        promoted = st.runtime.prewarm(session_id)
+        info = _known(st, session_id)
+        return {
+            "session_id": session_id,
+            "promoted_tokens": promoted,
+            "session": _session(info, messages=False),
+        }
+
+    @router.get("/stats")
+    def stats(request: Request) -> dict[str, Any]:
+        """The runtime's counters and tier usage (runtime.stats())."""
+        return state(request).runtime.stats()
+
+    @router.get("/settings")
+    def settings(request: Request) -> dict[str, Any]:
+        """The effective settings, each ``{"value", "reason"}``; secrets are redacted."""
+        report = state(request).runtime.settings_report()
+        return {
+            name: (
+                {"value": "<redacted>", "reason": entry.get("reason", "")}
+                if name in _SECRET
+                else entry
+            )
+            for name, entry in report.items()
+        }
+
+    return router
+
+
+def build_service_router() -> APIRouter:
+    router = APIRouter(tags=["service"])
+
+    @router.get("/health")
+    def health(request: Request) -> dict[str, Any]:
+        """Liveness; open without an API key."""
+        return {"status": "ok", "model": state(request).runtime.model_id}
+
+    @router.get("/metrics", response_class=Response)
+    def metrics(request: Request) -> Response:
+        """Prometheus text exposition."""
+        return Response(state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    return router

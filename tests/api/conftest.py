@@ -1,0 +1,118 @@
+"""Real server processes on loopback for the API tests.
+
+The server command is a fixture so the same tests can run against the real model:
+set ``WARMSTART_TEST_SERVER_CMD`` (for example ``"warmstart serve --model default"``);
+it gets ``--port N`` (and ``--host``, ``--api-key``, ``--max-queue`` where a test
+needs them) appended. The default is the FakeRuntime server, ``python -m runtime.api
+--fake``; options only the fake understands (token delays) are passed to it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Server:
+    base_url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server_cmd() -> list[str]:
+    """The command that starts a server, without --port."""
+    custom = os.environ.get("WARMSTART_TEST_SERVER_CMD")
+    return shlex.split(custom) if custom else [sys.executable, "-m", "runtime.api", "--fake"]
+
+
+@pytest.fixture(scope="session")
+def is_fake(server_cmd: list[str]) -> bool:
+    return "--fake" in server_cmd
+
+
+def _wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{server.log()}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(server.base_url + "/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{server.log()}")
+
+
+@contextlib.contextmanager
+def run_server(cmd: list[str], *args: str, fake_args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """Starts a server on a free loopback port, waits for /health, stops it after."""
+    port = free_port()
+    argv = [*cmd, "--port", str(port), *args]
+    if "--fake" in cmd:
+        argv += fake_args
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
+            server = Server(f"http://127.0.0.1:{port}", process, log_path)
+            try:
+                _wait_healthy(server)
+                yield server
+            finally:
+                process.terminate()
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@pytest.fixture(scope="session")
+def start(server_cmd: list[str]) -> Callable[..., contextlib.AbstractContextManager[Server]]:
+    """``with start("--api-key", "k", fake_args=(...)) as server:`` for custom servers."""
+    return lambda *args, fake_args=(): run_server(server_cmd, *args, fake_args=fake_args)
+
+
+@pytest.fixture(scope="session")
+def server(server_cmd: list[str]) -> Iterator[Server]:
+    """One shared server; tokens trickle (10 ms) so streams and concurrency are real."""
+    with run_server(server_cmd, fake_args=("--token-delay", "0.01")) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    # Any key works on loopback without --api-key; the client insists on one.
+    with openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60) as c:
+        yield c

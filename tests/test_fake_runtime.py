@@ -1,0 +1,157 @@
+"""FakeRuntime: the Runtime contract without a model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from runtime.errors import Busy, ContextOverflow, RequestError
+from runtime.fake import FakeRuntime
+from runtime.service import Runtime
+from runtime.streams import QueueStream
+from runtime.types import Done, Message, Report, Request, Sampling, Stream, Token
+
+
+def _text(stream: Stream) -> tuple[str, Report]:
+    assert isinstance(stream, QueueStream)
+    return stream.text()
+
+
+def _chat(text: str, **sampling: object) -> Request:
+    return Request(messages=(Message("user", text),), sampling=Sampling(**sampling))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeRuntime]:
+    runtime = FakeRuntime(prefill_delay=0.0)
+    yield runtime
+    runtime.close()
+
+
+def test_is_a_runtime(fake: FakeRuntime) -> None:
+    assert isinstance(fake, Runtime)
+
+
+def test_greedy_reply_is_a_function_of_the_last_user_message(fake: FakeRuntime) -> None:
+    a, _ = _text(fake.generate(_chat("hello")))
+    b, _ = _text(fake.generate(_chat("hello")))
+    c, _ = _text(fake.generate(_chat("goodbye")))
+    assert a == b != c
+
+
+def test_seeded_sampling_is_reproducible(fake: FakeRuntime) -> None:
+    runs = {_text(fake.generate(_chat("x", temperature=1.0, seed=3)))[0] for _ in range(3)}
+    assert len(runs) == 1
+    others = {_text(fake.generate(_chat("x", temperature=1.0, seed=s)))[0] for s in range(6)}
+    assert len(others) > 1
+
+
+def test_stream_yields_tokens_then_one_done(fake: FakeRuntime) -> None:
+    events = list(fake.generate(_chat("hi")))
+    assert all(isinstance(e, Token) for e in events[:-1]) and isinstance(events[-1], Done)
+    report = events[-1].report
+    assert report.completion_tokens == len(events) - 1
+    assert report.prompt_tokens == fake.count_tokens(_chat("hi"))
+
+
+def test_max_tokens_and_stop(fake: FakeRuntime) -> None:
+    _, report = _text(fake.generate(_chat("long", max_tokens=2)))
+    assert (report.completion_tokens, report.finish_reason) == (2, "length")
+    full, _ = _text(fake.generate(_chat("long")))
+    stop = full.split()[1]
+    cut, report = _text(fake.generate(_chat("long", stop=(stop,))))
+    assert stop not in cut and report.finish_reason == "stop"
+
+
+def test_repeat_restores_from_live(fake: FakeRuntime) -> None:
+    _, first = _text(fake.generate(_chat("same question")))
+    _, second = _text(fake.generate(_chat("same question")))
+    assert first.cached_tokens == 0
+    assert second.restored["live"] == second.prompt_tokens - 1
+
+
+def test_validation_errors(fake: FakeRuntime) -> None:
+    with pytest.raises(RequestError):
+        fake.generate(Request())
+    with pytest.raises(RequestError):
+        fake.generate(_chat("x", temperature=5.0))
+    with pytest.raises(ContextOverflow):
+        fake.generate(_chat("word " * 5000))
+
+
+def test_busy_when_the_queue_is_full() -> None:
+    runtime = FakeRuntime(max_queue=1, slots=1, token_delay=0.05)
+    try:
+        first = runtime.generate(_chat("a"))
+        streams = [first]
+        with pytest.raises(Busy) as caught:
+            for i in range(5):
+                streams.append(runtime.generate(_chat(f"b{i}")))
+        assert caught.value.retry_after >= 1
+        for stream in streams:
+            stream.cancel()
+            _text(stream)
+    finally:
+        runtime.close()
+
+
+def test_cancel_ends_with_cancelled(fake: FakeRuntime) -> None:
+    slow = FakeRuntime(token_delay=0.05)
+    try:
+        stream = slow.generate(_chat("cancel me"))
+        iterator = iter(stream)
+        assert isinstance(next(iterator), Token)
+        threading.Timer(0.01, stream.cancel).start()
+        done = [e for e in iterator if isinstance(e, Done)]
+        assert done[0].report.finish_reason == "cancelled"
+    finally:
+        slow.close()
+
+
+def test_tiers_demote_and_prewarm_promotes() -> None:
+    runtime = FakeRuntime(slots=1, ram_sessions=1, disk_sessions=1, prefill_delay=0.0)
+    try:
+        for name in ("a", "b", "c", "d"):
+            _text(runtime.generate(Request(messages=(Message("user", name),), session_id=name)))
+        where = {s.id: s.location for s in runtime.sessions()}
+        assert where == {"d": "live", "c": "ram", "b": "disk"}  # "a" was evicted
+        assert runtime.stats()["evictions"] == 1
+        assert runtime.prewarm("b") > 0
+        assert runtime.session("b").location == "ram"  # type: ignore[union-attr]
+        assert runtime.session("c").location == "disk"  # type: ignore[union-attr]
+        assert runtime.prewarm("missing") == 0
+        _, report = _text(runtime.generate(_chat_in("b")))
+        assert report.restored["ram"] > 0
+    finally:
+        runtime.close()
+
+
+def _chat_in(session: str) -> Request:
+    return Request(messages=(Message("user", session),), session_id=session)
+
+
+def test_sessions_and_delete(fake: FakeRuntime) -> None:
+    _text(fake.generate(Request(messages=(Message("user", "q"),), session_id="s1")))
+    [info] = fake.sessions()
+    assert info.id == "s1" and info.n_tokens > 0 and info.messages[-1].role == "assistant"
+    assert fake.delete_session("s1") and not fake.delete_session("s1")
+    assert fake.session("s1") is None
+
+
+def test_stats_and_settings_report(fake: FakeRuntime) -> None:
+    _text(fake.generate(_chat("q")))
+    stats = fake.stats()
+    assert stats["requests"] == 1 and set(stats["tiers"]) == {"live", "ram", "disk"}
+    report = fake.settings_report()
+    assert all({"value", "reason"} <= set(v) for v in report.values())
+
+
+def test_close_is_idempotent_and_ends_pending_streams() -> None:
+    runtime = FakeRuntime(slots=1, token_delay=0.05)
+    stream = runtime.generate(_chat("pending"))
+    runtime.close()
+    runtime.close()
+    _, report = _text(stream)
+    assert report.finish_reason == "cancelled"
