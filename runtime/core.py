@@ -13,6 +13,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,7 +42,19 @@ DEFAULT_RATES = Rates(
     prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
 )
 
-TuningFn = Callable[[ModelGeometry], Tuning]
+
+@dataclass(frozen=True)
+class LoadedModel:
+    path: Path
+    digest: str
+    model: LlamaModel
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Resolves (pulling the default model on first use), digests and loads the model."""
+    path = ModelManager(settings.models_dir).resolve(settings.model)
+    digest = DigestCache(settings.data_dir / "digests.json").digest(path)
+    return LoadedModel(path, digest, LlamaModel(path, settings.n_gpu_layers))
 
 
 def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
@@ -56,27 +70,33 @@ def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
 
 class LocalRuntime:
     def __init__(
-        self, settings: Settings, tuning_fn: TuningFn | None = None, rates: Rates | None = None
+        self,
+        settings: Settings,
+        model: LoadedModel | None = None,
+        tuning: Tuning | None = None,
+        rates: Rates | None = None,
     ) -> None:
+        """``model``, ``tuning`` and ``rates`` come from the factory (probe, calibration,
+        policy); left out, the model is loaded here and fixed defaults are used."""
         self.settings = settings
-        path = ModelManager(settings.models_dir).resolve(settings.model)
-        digest = DigestCache(settings.data_dir / "digests.json").digest(path)
-        model = LlamaModel(path, settings.n_gpu_layers)
-        self.geometry = geometry_of(model, settings.type_kv)
-        self.tuning = (tuning_fn or (lambda g: fixed_tuning(settings, g)))(self.geometry)
+        loaded = model or load_model(settings)
+        path = loaded.path
+        self.geometry = geometry_of(loaded.model, settings.type_kv)
+        self.tuning = tuning or fixed_tuning(settings, self.geometry)
         self.rates = rates or DEFAULT_RATES
         self.engine = Engine(
             EngineConfig(
                 model_path=path,
-                model_digest=digest,
-                n_ctx_total=self.tuning.n_ctx * self.tuning.resident_sequences,
+                model_digest=loaded.digest,
+                # room for every resident conversation and for the scratch sequence
+                n_ctx_total=self.tuning.n_ctx * (self.tuning.resident_sequences + 1),
                 resident_sequences=self.tuning.resident_sequences,
                 n_threads=settings.n_threads or 0,
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
             ),
-            model=model,
+            model=loaded.model,
         )
         self.model_id = path.stem if settings.model not in ("default",) else "default"
         self.n_ctx = self.tuning.n_ctx
@@ -253,21 +273,56 @@ class LocalRuntime:
         return self.book.delete(session_id)
 
     def stats(self) -> dict[str, Any]:
-        residents = self.engine.residents
-        live_tokens = sum(len(r.tokens) for r in residents)
-        out: dict[str, Any] = {
-            "model": self.model_id,
-            "requests": dict(self.counters),
+        """Counters and tier usage, in the shape docs/api.md documents."""
+        c = self.counters
+        kvb = self.engine.kv_bytes_per_token
+        live_tokens = sum(len(r.tokens) for r in self.engine.residents)
+        tiers: dict[str, dict[str, Any]] = {
             "live": {
-                "sequences": len(residents),
-                "resident": sum(1 for r in residents if r.tokens),
                 "tokens": live_tokens,
-                "used_bytes": live_tokens * self.engine.kv_bytes_per_token,
-                "capacity_bytes": self.engine.ctx.n_ctx * self.engine.kv_bytes_per_token,
+                "bytes": live_tokens * kvb,
+                "capacity_bytes": self.engine.ctx.n_ctx * kvb,
+                "sequences": len(self.engine.residents),
+                "resident": sum(1 for r in self.engine.residents if r.tokens),
             },
+            "ram": {"tokens": 0, "bytes": 0, "capacity_bytes": 0},
+            "disk": {"tokens": 0, "bytes": 0, "capacity_bytes": self.tuning.disk_budget_bytes},
         }
+        out: dict[str, Any] = {"model": self.model_id}
         if self.store is not None:
-            out["store"] = self.store.stats()
+            store = self.store.stats()
+            ram, disk = store["ram"], store["disk"]
+            tiers["ram"].update(
+                tokens=ram["tokens"],
+                bytes=ram["used_bytes"],
+                capacity_bytes=ram["capacity_bytes"],
+                memory=ram["memory"],
+            )
+            tiers["disk"].update(
+                tokens=disk["tokens"],
+                bytes=disk["used_bytes"],
+                kv_bytes=disk["kv_bytes"],
+                degraded=disk["degraded"],
+            )
+            out["store"] = store
+        with self._cv:
+            waiting = len(self._waiting)
+        out.update(
+            requests=c["requests"],
+            prompt_tokens=c["prompt_tokens"],
+            completion_tokens=c["completion_tokens"],
+            cached_tokens=sum(c[f"tokens_{t}"] for t in TIERS),
+            hits={t: c[f"hits_{t}"] for t in TIERS},
+            misses=c["hits_miss"],
+            evictions=(out.get("store") or {}).get("evictions", 0) + c["live_evictions"],
+            tiers=tiers,
+            queue={
+                "waiting": waiting,
+                "active": sum(1 for r in self.engine.residents if r.busy),
+                "max_queue": self.settings.max_queue,
+            },
+            sessions=len(self.book.list()),
+        )
         return out
 
     def settings_report(self) -> dict[str, dict[str, Any]]:

@@ -1,24 +1,104 @@
-"""Builds a ready runtime from settings: model, thresholds, store, prewarm."""
+"""Builds a ready runtime from settings: probe the machine, load the model, calibrate
+(once per machine and model), choose the thresholds, open the store, prewarm."""
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from runtime.core import LocalRuntime
+from runtime.core import LoadedModel, LocalRuntime, geometry_of, load_model
+from runtime.doctor import ProgressLine, doctor_report, render_doctor
+from runtime.engine._engine import Engine, EngineConfig, fingerprint_of
+from runtime.hardware import Calibration, HardwareProfile, load_or_calibrate, probe
+from runtime.policy import Tuning, choose, rates_from
 from runtime.settings import Settings
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
+Say = Callable[[str], None]
+CALIBRATION_CTX = 4096  # tokens: enough for the longest calibration prefill
 
 
-def open_runtime(
-    settings: Settings, progress: Progress | None = None, prewarm: bool = True
-) -> LocalRuntime:
+class _CalibrationTarget:
+    """The loaded model seen by the calibration; a small context is made only if the
+    calibration actually runs (a cached one needs no context at all)."""
+
+    def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
+        self._loaded, self._settings = loaded, settings
+        self.fingerprint = fingerprint_of(
+            loaded.model, loaded.digest, settings.type_kv, settings.flash_attn
+        )
+        self.kv_bytes_per_token = loaded.model.kv_bytes_per_token_estimate(settings.type_kv)
+        self._engine: Engine | None = None
+
+    def _get(self) -> Engine:
+        if self._engine is None:
+            s = self._settings
+            self._engine = Engine(
+                EngineConfig(
+                    model_path=self._loaded.path,
+                    model_digest=self._loaded.digest,
+                    n_ctx_total=CALIBRATION_CTX,
+                    resident_sequences=1,
+                    n_threads=s.n_threads or 0,
+                    n_gpu_layers=s.n_gpu_layers,
+                    flash_attn=s.flash_attn,
+                    type_kv=s.type_kv,
+                ),
+                model=self._loaded.model,
+            )
+            self.kv_bytes_per_token = self._engine.kv_bytes_per_token
+        return self._engine
+
+    def time_prefill(self, n_tokens: int) -> float:
+        return self._get().time_prefill(n_tokens)
+
+    def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]:
+        return self._get().time_state_roundtrip(n_tokens)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close(close_model=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: HardwareProfile
+    calibration: Calibration
+    reused: bool
+    tuning: Tuning
+
+
+def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None = None) -> Plan:
+    """Probe, calibration (cached per machine and model) and the policy's choice."""
+    cache_dir = settings.effective_cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    profile = probe(cache_dir)
+    target = _CalibrationTarget(loaded, settings)
+    try:
+        calibration, reused = load_or_calibrate(
+            target, profile, settings.data_dir / "calibration.json", settings.recalibrate,
+            progress, cache_dir,
+        )
+    finally:
+        target.close()
+    tuning = choose(profile, calibration, geometry_of(loaded.model, settings.type_kv), settings)
+    return Plan(profile, calibration, reused, tuning)
+
+
+def open_runtime(settings: Settings, progress: Say | None = None,
+                 prewarm: bool = True) -> LocalRuntime:
     say = progress or (lambda msg: log.info("%s", msg))
     say(f"loading model {settings.model} ...")
-    rt = LocalRuntime(settings)
+    loaded = load_model(settings)
+    chosen = plan(settings, loaded, ProgressLine(sys.stderr) if progress else None)
+    if not chosen.reused:
+        say("calibrated this machine for this model (cached for next time)")
+    rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
+    rt = LocalRuntime(settings, loaded, chosen.tuning, rates)
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
@@ -41,4 +121,13 @@ def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:
 
 
 def doctor(settings: Settings, as_json: bool = False) -> int:
-    raise NotImplementedError
+    """`warmstart doctor`: every figure and every threshold, with its reason."""
+    loaded = load_model(settings)
+    try:
+        chosen = plan(settings, loaded, None if as_json else ProgressLine(sys.stderr))
+    finally:
+        loaded.model.close()
+    report = doctor_report(chosen.profile, chosen.calibration, chosen.tuning,
+                           calibration_reused=chosen.reused)
+    print(json.dumps(report, indent=2) if as_json else render_doctor(report))
+    return 0

@@ -7,6 +7,7 @@ scratch sequence, sampling, and the calibration probes.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import time
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from runtime.engine._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
@@ -24,6 +26,36 @@ from runtime.kvstore._keys import common_prefix
 from runtime.types import Message, Request, Sampling
 
 log = logging.getLogger(__name__)
+
+
+def _meta_items(model: LlamaModel) -> list[tuple[str, str]]:
+    out = []
+    buf = ctypes.create_string_buffer(1024)
+    for i in range(ll.llama_model_meta_count(model.ptr)):
+        if ll.llama_model_meta_key_by_index(model.ptr, i, buf, len(buf)) < 0:
+            continue
+        key = buf.value.decode("utf-8", "replace")
+        if ll.llama_model_meta_val_str_by_index(model.ptr, i, buf, len(buf)) < 0:
+            continue
+        out.append((key, buf.value.decode("utf-8", "replace")))
+    return out
+
+
+def fingerprint_of(model: LlamaModel, digest: str, type_kv: str, flash_attn: str) -> str:
+    """Everything a KV blob depends on; a blob never crosses a change in any of it.
+    Computable before any context exists (the calibration cache is keyed by it)."""
+    rope = sorted(f"{k}={v}" for k, v in _meta_items(model) if "rope" in k or "swa" in k)
+    parts = [
+        f"model={digest}",
+        f"llama_cpp={llama_version()}",
+        f"type_kv={type_kv}",
+        f"flash_attn={flash_attn}",  # the V layout: transposed without flash attention
+        f"swa_full={model.n_swa > 0}",
+        f"n_ctx_train={model.n_ctx_train}",
+        "lora=none",
+        *rope,
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 @dataclass
@@ -72,7 +104,9 @@ class Engine:
             self.model.token_text(self.model.bos) if self.model.bos >= 0 else "",
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
-        self.fingerprint = self._fingerprint()
+        self.fingerprint = fingerprint_of(
+            self.model, config.model_digest, config.type_kv, config.flash_attn
+        )
         self.kv_bytes_per_token, self.kv_overhead_bytes = self._measure_kv_geometry()
         self.chunkable = not self.model.recurrent
         if not self.chunkable:
@@ -81,38 +115,6 @@ class Engine:
                 "prompts are recomputed",
                 config.model_path.name,
             )
-
-    # identity -----------------------------------------------------------------
-    def _fingerprint(self) -> str:
-        """Everything a KV blob depends on; a blob never crosses a change in any of it."""
-        rope = sorted(f"{k}={v}" for k, v in self._meta_items() if "rope" in k or "swa" in k)
-        parts = [
-            f"model={self.config.model_digest}",
-            f"llama_cpp={llama_version()}",
-            f"type_kv={self.config.type_kv}",
-            f"flash_attn={self.config.flash_attn}",  # V layout: transposed without FA
-            f"swa_full={self.swa_full}",
-            f"n_ctx_train={self.model.n_ctx_train}",
-            "lora=none",
-            *rope,
-        ]
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-    def _meta_items(self) -> list[tuple[str, str]]:
-        import ctypes
-
-        import llama_cpp.llama_cpp as ll
-
-        out = []
-        buf = ctypes.create_string_buffer(1024)
-        for i in range(ll.llama_model_meta_count(self.model.ptr)):
-            if ll.llama_model_meta_key_by_index(self.model.ptr, i, buf, len(buf)) < 0:
-                continue
-            key = buf.value.decode("utf-8", "replace")
-            if ll.llama_model_meta_val_str_by_index(self.model.ptr, i, buf, len(buf)) < 0:
-                continue
-            out.append((key, buf.value.decode("utf-8", "replace")))
-        return out
 
     def _measure_kv_geometry(self) -> tuple[int, int]:
         """Bytes of state per cached token and per blob, measured on this very context."""
@@ -252,6 +254,7 @@ class Engine:
             raise EngineError("calibration: llama.cpp refused its own state blob")
         return out[:n].tobytes(), t1 - t0, t2 - t1
 
-    def close(self) -> None:
+    def close(self, close_model: bool = True) -> None:
         self.ctx.close()
-        self.model.close()
+        if close_model:
+            self.model.close()

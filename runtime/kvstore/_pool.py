@@ -1,14 +1,12 @@
 """T1: one preallocated host-RAM buffer cut into fixed-size slots (bookkeeping + bytes).
 
 Pinned (page-locked, for DMA) through torch when a CUDA device is present;
-otherwise plain memory that we try to mlock so the kernel never swaps a user's
-warm conversations out. The pool is allocated once; being full is its normal state.
+otherwise plain memory, committed page by page as chunks land. The pool is
+allocated once; being full is its normal state.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 
 import numpy as np
@@ -19,6 +17,9 @@ SLOT_ALIGN = 4096
 
 
 def _allocate(nbytes: int) -> tuple[np.ndarray, str]:
+    """Pinned through torch when CUDA is there (DMA straight to the GPU); otherwise plain
+    memory. Not mlock'ed: without a GPU there is no DMA to pin for, and locking commits
+    the whole pool at start (seconds for gigabytes) before a single chunk needs it."""
     try:
         import torch
 
@@ -27,16 +28,7 @@ def _allocate(nbytes: int) -> tuple[np.ndarray, str]:
             return tensor.numpy(), "pinned (CUDA)"
     except Exception as exc:  # torch absent or broken: plain memory still works
         log.debug("no pinned memory through torch: %s", exc)
-    buf = np.zeros(nbytes, dtype=np.uint8)
-    libc_name = ctypes.util.find_library("c")
-    if libc_name and nbytes:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        if libc.mlock(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(nbytes)) == 0:
-            return buf, "mlocked"
-        log.info(
-            "RAM pool not page-locked (mlock: errno %d); using plain memory", ctypes.get_errno()
-        )
-    return buf, "plain"
+    return np.empty(nbytes, dtype=np.uint8), "plain"
 
 
 class RamPool:
