@@ -13,13 +13,19 @@ class TierUsage:
     used_bytes: int = 0
     capacity_bytes: int = 0
     hits: int = 0
+    tokens: int = 0
+    sessions: int = 0
+    capacity_sessions: int = 0
 
     @property
     def fill(self) -> float | None:
-        """Used over capacity, 0..1; ``None`` when the server gave no capacity."""
-        if self.capacity_bytes <= 0:
-            return None
-        return min(1.0, max(0.0, self.used_bytes / self.capacity_bytes))
+        """Used over capacity, 0..1, in bytes when the server gives a byte capacity, else
+        in conversations; ``None`` when it gives neither."""
+        if self.capacity_bytes > 0:
+            return min(1.0, max(0.0, self.used_bytes / self.capacity_bytes))
+        if self.capacity_sessions > 0:
+            return min(1.0, max(0.0, self.sessions / self.capacity_sessions))
+        return None
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,9 @@ def _int(value: Any) -> int:
 
 
 def parse_stats(data: dict[str, Any]) -> MemorySnapshot:
-    """Accepts ``{"tiers": {tier: {used_bytes, capacity_bytes}}, "hits": {tier: n, "miss": n}}``
-    and ignores whatever else the server adds; missing figures read as zero."""
+    """Accepts ``{"tiers": {tier: {used_bytes | bytes, capacity_bytes, sessions,
+    capacity_sessions, tokens}}, "hits": {tier: n, "miss": n}, "misses": n}`` and ignores
+    whatever else the server adds; missing figures read as zero."""
     tiers_raw = data.get("tiers")
     tiers_raw = tiers_raw if isinstance(tiers_raw, dict) else {}
     hits_raw = data.get("hits")
@@ -59,8 +66,12 @@ def parse_stats(data: dict[str, Any]) -> MemorySnapshot:
         raw = raw if isinstance(raw, dict) else {}
         hits = hits_raw.get(tier, raw.get("hits"))
         tiers[tier] = TierUsage(
-            used_bytes=_int(raw.get("used_bytes")),
+            used_bytes=_int(raw.get("used_bytes", raw.get("bytes"))),
             capacity_bytes=_int(raw.get("capacity_bytes")),
             hits=_int(hits),
+            tokens=_int(raw.get("tokens")),
+            sessions=_int(raw.get("sessions")),
+            capacity_sessions=_int(raw.get("capacity_sessions")),
         )
-    return MemorySnapshot(tiers=tiers, misses=_int(hits_raw.get("miss", hits_raw.get("misses"))))
+    misses = hits_raw.get("miss", hits_raw.get("misses", data.get("misses")))
+    return MemorySnapshot(tiers=tiers, misses=_int(misses))

@@ -230,6 +230,14 @@ def test_stats_are_read_tolerantly():
     assert snap.tiers["ram"].fill == 0.5 and snap.tiers["disk"].fill is None
     assert snap.hit_rate("ram") == 0.75
     assert parse_stats({}).hit_rate("ram") is None
+    runtime_shape = {
+        "hits": {"live": 3, "ram": 1, "disk": 0},
+        "misses": 4,
+        "tiers": {"live": {"sessions": 2, "capacity_sessions": 4, "bytes": 9}},
+    }
+    snap = parse_stats(runtime_shape)
+    assert snap.tiers["live"].fill == 0.5 and snap.tiers["live"].used_bytes == 9
+    assert snap.hit_rate("live") == 3 / 8
 
 
 def test_status_line_variants():

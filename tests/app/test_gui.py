@@ -13,6 +13,15 @@ from app.qt.application import Options, WarmstartApp
 
 pytestmark = pytest.mark.gui
 WAIT = 15_000
+# Some tests lean on the app's contract fake: its "/long" reply, "--plain" mode, and a
+# state file that survives a restart. Another server runs the rest.
+app_fake_only = pytest.mark.skipif(
+    bool(
+        os.environ.get("WARMSTART_APP_TEST_SERVER")
+        or os.environ.get("WARMSTART_APP_TEST_SERVER_CMD")
+    ),
+    reason="needs the app's contract fake server",
+)
 
 
 def make_app(qtbot, data_dir, url, **kw) -> WarmstartApp:
@@ -45,14 +54,16 @@ def test_send_a_message_and_see_the_streamed_reply(qtbot, server_factory, app_da
     assert len(deltas) > 5  # token by token, not in one piece
     bubbles = app.window.chat.bubbles
     assert [b.role for b in bubbles] == ["user", "assistant"]
-    assert "You asked" in bubbles[1].text and "```python" in bubbles[1].text
-    assert "def greet" in bubbles[1].body.toPlainText()  # the code block was rendered
+    assert bubbles[1].text == app.store.messages(app.chat.current)[1].content != ""
+    if "```" in bubbles[1].text:  # the code block was rendered, fences gone
+        assert "```" not in bubbles[1].body.toPlainText()
     assert app.window.chat.composer.toPlainText() == ""
     assert app.window.status_label.text().startswith("no cache hit")
     assert app.conversations.rowCount() == 1
     close(app)
 
 
+@app_fake_only
 def test_stop_mid_reply(qtbot, server_factory, app_data):
     server = server_factory("--token-delay", "0.05")
     app = make_app(qtbot, app_data, server.url)
@@ -83,11 +94,12 @@ def test_switch_conversations_and_come_back_is_a_cache_hit(qtbot, server_factory
     assert app.chat.current == first and len(app.window.chat.bubbles) == 2
     send(qtbot, app, "and again")
     status = app.window.status_label.text()
-    assert status.startswith("restored ") and "from RAM" in status, status
-    qtbot.waitUntil(lambda: app.conversations.location(first) == "live", timeout=WAIT)
+    assert status.startswith("restored "), status  # a cache hit, from whichever tier
+    qtbot.waitUntil(lambda: app.conversations.location(first) != "none", timeout=WAIT)
     close(app)
 
 
+@app_fake_only
 def test_restart_and_resume_from_disk(qtbot, server_factory, app_data):
     server = server_factory()
     app = make_app(qtbot, app_data, server.url)
@@ -129,6 +141,7 @@ def test_server_down_shows_an_error_and_recovers(qtbot, server_factory, app_data
     close(app)
 
 
+@app_fake_only
 def test_plain_openai_server_still_chats(qtbot, server_factory, app_data):
     server = server_factory("--plain")
     app = make_app(qtbot, app_data, server.url)
@@ -148,11 +161,11 @@ def test_memory_panel_fills_in(qtbot, server_factory, app_data):
     send(qtbot, app, "one")
     send(qtbot, app, "two")
     panel = app.window.memory
-    qtbot.waitUntil(lambda: "of" in panel.bars["live"].format(), timeout=WAIT)
+    qtbot.waitUntil(lambda: panel.bars["live"].format() != "–", timeout=WAIT)
     assert "hit rate" in panel.hit_labels["live"].text()
     assert panel.last.text().startswith("restored")
     assert len(panel.plot.points) == 2
-    qtbot.waitUntil(lambda: "live context" in panel.location.text(), timeout=WAIT)
+    qtbot.waitUntil(lambda: "cache: live context" in panel.location.text(), timeout=WAIT)
     close(app)
 
 
@@ -195,6 +208,7 @@ def test_window_geometry_is_remembered(qtbot, server_factory, app_data):
     close(again)
 
 
+@app_fake_only
 def test_starts_a_local_server_when_none_answers(qtbot, app_data, monkeypatch, tmp_path):
     from tests.app.servers import ROOT, free_port
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.memory import MemorySnapshot
+from app.core.memory import MemorySnapshot, TierUsage
 from app.core.report import TIERS, ReplyReport, format_bytes, format_status
 from app.qt.controllers.memory import ReplyPoint
 from app.qt.models import LOCATION_COLORS
@@ -150,14 +150,8 @@ class MemoryPanel(QWidget):
         for tier in TIERS:
             usage = snap.tiers.get(tier)
             bar = self.bars[tier]
-            if usage is None or usage.fill is None:
-                bar.setValue(0)
-                bar.setFormat(format_bytes(usage.used_bytes) if usage else "–")
-            else:
-                bar.setValue(round(usage.fill * 1000))
-                bar.setFormat(
-                    f"{format_bytes(usage.used_bytes)} of {format_bytes(usage.capacity_bytes)}"
-                )
+            bar.setValue(round((usage.fill or 0.0) * 1000) if usage else 0)
+            bar.setFormat(self._usage_text(usage))
             rate = snap.hit_rate(tier)
             self.hit_labels[tier].setText(
                 "hit rate –"
@@ -165,6 +159,20 @@ class MemoryPanel(QWidget):
                 else f"hit rate {rate:.0%} ({usage.hits if usage else 0})"
             )
         self.misses.setText(f"{snap.lookups:,} lookups, {snap.misses:,} recomputed from scratch")
+
+    @staticmethod
+    def _usage_text(usage: TierUsage | None) -> str:
+        if usage is None:
+            return "–"
+        if usage.capacity_bytes > 0:
+            return f"{format_bytes(usage.used_bytes)} of {format_bytes(usage.capacity_bytes)}"
+        parts = []
+        if usage.capacity_sessions > 0:
+            parts.append(f"{usage.sessions} of {usage.capacity_sessions} conversations")
+        if usage.tokens:
+            parts.append(f"{usage.tokens:,} tokens")
+        parts.append(format_bytes(usage.used_bytes))
+        return " · ".join(parts)
 
     def set_last_report(self, report: ReplyReport) -> None:
         text = format_status(report)
