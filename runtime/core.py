@@ -220,6 +220,17 @@ class LocalRuntime:
             self._cv.notify()
         return fut.result()
 
+    def evict_live(self) -> None:
+        """Empties every idle resident sequence (their chunks stay in RAM and on disk):
+        the next request for them is served from the store. For benchmarks and tests."""
+
+        def evict_idle() -> None:
+            for res in self.engine.residents:
+                if not res.busy:
+                    self.engine.evict(res)
+
+        self._call(evict_idle)
+
     # sessions ------------------------------------------------------------------------------
     def _info(self, row: Any) -> SessionInfo:
         tiers = dict.fromkeys(TIERS, 0)

@@ -41,10 +41,6 @@ def assert_close(a: np.ndarray, b: np.ndarray) -> None:
     assert np.abs(softmax(a) - softmax(b)).max() < 0.02
 
 
-def drop_live(rt) -> None:  # type: ignore[no-untyped-def]
-    rt._call(lambda: [rt.engine.evict(r) for r in rt.engine.residents])
-
-
 def test_live_ram_and_disk_hits_equal_recompute(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
     rt = make_runtime()
     req = chat(Q1)
@@ -55,7 +51,7 @@ def test_live_ram_and_disk_hits_equal_recompute(make_runtime, tmp_path) -> None:
     assert report.restored["live"] == report.prompt_tokens - 1
     assert_same(live, truth)
 
-    drop_live(rt)
+    rt.evict_live()
     ram, report = rt.prompt_logits(req)
     assert report.restored["ram"] == report.prompt_tokens - 1, report.decision
     assert_same(ram, truth)
@@ -71,7 +67,7 @@ def test_live_ram_and_disk_hits_equal_recompute(make_runtime, tmp_path) -> None:
 def test_partial_hit_same_system_prompt_other_question(make_runtime) -> None:  # type: ignore[no-untyped-def]
     rt = make_runtime()
     rt.prompt_logits(chat(Q1))
-    drop_live(rt)
+    rt.evict_live()
     other = chat(Q2)
     logits, report = rt.prompt_logits(other)
     assert 0 < report.restored["ram"] < report.prompt_tokens - 1
@@ -81,7 +77,7 @@ def test_partial_hit_same_system_prompt_other_question(make_runtime) -> None:  #
 def test_hit_that_ends_inside_a_chunk(make_runtime) -> None:  # type: ignore[no-untyped-def]
     rt = make_runtime(chunk_tokens=64)
     rt.prompt_logits(chat(Q1))
-    drop_live(rt)
+    rt.evict_live()
     # same question, different ending: diverges inside the last 64-token chunk
     near = chat(Q1.replace("one fact", "two facts"))
     logits, report = rt.prompt_logits(near)
@@ -99,7 +95,7 @@ def test_conversation_resumed_three_turns_later(make_runtime) -> None:  # type: 
     turns.append("Thanks. Now what is 4 + 4?")
     resumed = chat(*turns)
     live, _ = rt.prompt_logits(resumed)
-    drop_live(rt)
+    rt.evict_live()
     logits, report = rt.prompt_logits(resumed)
     assert report.restored["ram"] == report.prompt_tokens - 1, report
     np.testing.assert_array_equal(logits, live)  # bit for bit what the live context had
@@ -112,7 +108,7 @@ def test_greedy_replies_identical_with_and_without_cache(make_runtime) -> None: 
     for use_cache in (False, True, True):
         text, _ = rt.generate(chat(Q1, max_tokens=24, use_cache=use_cache)).text()
         replies.append(text)
-    drop_live(rt)
+    rt.evict_live()
     text, report = rt.generate(chat(Q1, max_tokens=24)).text()
     assert report.restored["ram"] > 0
     assert replies[0] and replies == [text] * 3
@@ -133,7 +129,7 @@ def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> 
         truth = recompute(rt, req)
         live, report = rt.prompt_logits(req)
         assert report.prompt_tokens > 512
-        drop_live(rt)
+        rt.evict_live()
         logits, report = rt.prompt_logits(req)
         if report.cached_tokens:
             assert report.restored["ram"] == report.prompt_tokens - 1

@@ -1,0 +1,415 @@
+"""`warmstart bench`: time to first token cold, from RAM and from disk in a fresh
+process, side by side with llama-cpp-python's own LlamaRAMCache and LlamaDiskCache
+on the same model, prompts and machine, in one run. Prints figures; asserts nothing.
+
+Each measurement that needs a fresh process runs in one (``python -m runtime.bench
+--child ...``), printing one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.settings import Settings, load_settings
+from runtime.types import Message, Request, Sampling, Token
+
+QUESTIONS = [
+    "Which rule covers late deliveries?",
+    "Summarise rule 7 in one line.",
+    "What should I do when a customer is angry?",
+    "Which rules mention refunds?",
+    "How many rules are there about safety?",
+    "What is the first rule?",
+    "Explain rule 12 to a new colleague.",
+    "Which rule is the strictest?",
+    "Is overtime covered anywhere?",
+    "What do the rules say about email?",
+    "Give me a checklist for Monday mornings.",
+    "Which rule would you change?",
+    "What does rule 3 protect against?",
+    "Which rules apply to visitors?",
+    "What is said about passwords?",
+    "How are holidays handled?",
+    "Which rule talks about the kitchen?",
+    "What happens after an accident?",
+    "Who approves purchases?",
+    "What is the last rule about?",
+]
+FOLLOW_UP = "Thanks. And in one word?"
+TOPICS = [
+    "deliveries",
+    "refunds",
+    "safety",
+    "visitors",
+    "passwords",
+    "holidays",
+    "email",
+    "purchases",
+    "the kitchen",
+    "accidents",
+    "overtime",
+    "customers",
+    "meetings",
+]
+
+
+def system_prompt(n_rules: int) -> str:
+    rules = [
+        f"Rule {i + 1}: every question about {TOPICS[i % len(TOPICS)]} goes to team "
+        f"{chr(65 + i % 26)}, is answered within {i % 5 + 1} working days, and is "
+        f"logged with reference {1000 + 7 * i}."
+        for i in range(n_rules)
+    ]
+    return "You are the office assistant of a small company. Company rules:\n" + "\n".join(rules)
+
+
+def conversation(system: str, i: int, follow_up: str | None = None) -> tuple[Message, ...]:
+    msgs = [
+        Message("system", system),
+        Message("user", QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" ({i})")),
+    ]
+    if follow_up is not None:
+        msgs += [Message("assistant", follow_up), Message("user", FOLLOW_UP)]
+    return tuple(msgs)
+
+
+def timed(rt: Any, messages: tuple[Message, ...], max_tokens: int = 16) -> dict[str, Any]:
+    """Wall-clock TTFT (submit to first token) and the reply's report."""
+    t0 = time.perf_counter()
+    stream = rt.generate(Request(messages=messages, sampling=Sampling(max_tokens=max_tokens)))
+    ttft, parts = None, []
+    for event in stream:
+        if isinstance(event, Token):
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
+            parts.append(event.text)
+        else:
+            report = event.report
+    return {
+        "ttft_s": ttft if ttft is not None else time.perf_counter() - t0,
+        "text": "".join(parts),
+        "report": report.as_dict(),
+    }
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ours --------------------------------------------------------------------------------------
+def _open(settings: Settings) -> Any:
+    from runtime.factory import open_runtime
+
+    return open_runtime(settings, prewarm=False)
+
+
+def set_data_gbps(rt: Any) -> float:
+    """The raw llama_state_seq_set_data rate on a whole-sequence blob of the live prompt."""
+    import numpy as np
+
+    def measure() -> float:
+        eng = rt.engine
+        seq = max(eng.residents, key=lambda r: len(r.tokens)).seq
+        blob = np.empty(eng.ctx.state_size(seq), dtype=np.uint8)
+        n = eng.ctx.state_get_into(seq, blob)
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            ok = eng.ctx.state_set(eng.scratch, blob[:n])
+            times.append(time.perf_counter() - t)
+            eng.ctx.seq_rm(eng.scratch)
+            assert ok
+        return n / statistics.median(times) / 1e9
+
+    return float(rt._call(measure))
+
+
+def threshold_check(rt: Any) -> dict[str, Any]:
+    """Restore vs recompute at the chosen swap-in threshold (and around it), and what
+    the runtime decides just below it."""
+    from runtime.policy import decide_restore
+
+    eng, t = rt.engine, rt.tuning
+
+    def restore_ms(n: int) -> float:
+        blob, _, _ = eng.time_state_roundtrip(n)
+        dest = eng.residents[-1]
+        eng.evict(dest)
+        times = []
+        for _ in range(5):
+            s = time.perf_counter()
+            assert eng.restore(blob, dest.seq, 0, n)
+            times.append(time.perf_counter() - s)
+            eng.ctx.seq_rm(dest.seq)
+        return 1000 * statistics.median(times)
+
+    def recompute_ms(n: int) -> float:
+        return 1000 * statistics.median(eng.time_prefill(n) for _ in range(3))
+
+    def run() -> dict[str, Any]:
+        threshold = max(1, t.swap_in_threshold_tokens)
+        sweep = sorted({threshold, 4, 16, 64, 256})
+        rows = {n: (restore_ms(n), recompute_ms(n)) for n in sweep}
+        kvb = eng.kv_bytes_per_token
+        below = decide_restore(threshold - 1, (threshold - 1) * kvb, "ram", threshold, rt.rates)
+        at = decide_restore(threshold, threshold * kvb, "ram", threshold, rt.rates)
+        return {
+            "threshold_tokens": threshold,
+            "restore_ms_at_threshold": rows[threshold][0],
+            "recompute_ms_at_threshold": rows[threshold][1],
+            "decision_at_threshold": at.reason,
+            "restores_at_threshold": at.restore,
+            "decision_below": below.reason,
+            "restores_below": below.restore,
+            "sweep": {str(n): {"restore_ms": r, "recompute_ms": c} for n, (r, c) in rows.items()},
+        }
+
+    return dict(rt._call(run))
+
+
+def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
+    rt = _open(settings)
+    try:
+        first = conversation(system, 0)
+        cold = timed(rt, first)
+        live = timed(rt, first)
+        rt.evict_live()
+        ram = timed(rt, first)
+        out: dict[str, Any] = {
+            "cold": cold,
+            "live": live,
+            "ram": ram,
+            "set_data_gbps": set_data_gbps(rt),
+            "kv_bytes_per_token": rt.engine.kv_bytes_per_token,
+            "tuning": rt.tuning.report(),
+        }
+        own_tokens = []
+        for i in range(n_conv):
+            turn1 = timed(rt, conversation(system, i))
+            turn2 = timed(rt, conversation(system, i, turn1["text"]))
+            r = turn2["report"]
+            own_tokens.append(r["prompt_tokens"] + r["completion_tokens"])
+        rt.store.flush()
+        out["anchor_tokens"] = len(rt.engine.prompt_ids(Request(messages=first))[0]) - len(
+            rt.engine.prompt_ids(Request(messages=first[1:]))[0]
+        )
+        out["final_tokens"] = own_tokens
+        out["threshold"] = threshold_check(rt)
+        return out
+    finally:
+        rt.close()
+
+
+def child_disk(settings: Settings, system: str) -> dict[str, Any]:
+    rt = _open(settings)
+    try:
+        return timed(rt, conversation(system, 0))
+    finally:
+        rt.close()
+
+
+# llama-cpp-python's own caches ----------------------------------------------------------------
+def _llama(model: Path, n_ctx: int) -> Any:
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(model), n_ctx=n_ctx, flash_attn=True, verbose=False)
+
+
+def _lcp_ttft(llm: Any, prompt: str) -> float:
+    t0 = time.perf_counter()
+    it = llm.create_completion(prompt, max_tokens=16, temperature=0.0, stream=True)
+    next(it)
+    ttft = time.perf_counter() - t0
+    for _ in it:
+        pass
+    return ttft
+
+
+def child_lcp(
+    model: Path, cache_dir: Path, prompts: list[str], n_ctx: int, populate: bool
+) -> dict[str, Any]:
+    from llama_cpp import LlamaDiskCache, LlamaRAMCache
+
+    llm = _llama(model, n_ctx)
+    llm.set_cache(LlamaDiskCache(cache_dir=str(cache_dir), capacity_bytes=8 << 30))
+    first = _lcp_ttft(llm, prompts[0])
+    if populate:
+        return {"cold_ttft_s": first}
+    llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
+    _lcp_ttft(llm, prompts[0])  # saved to the RAM cache
+    _lcp_ttft(llm, prompts[1])  # another chat takes the context
+    return {"disk_ttft_s": first, "ram_ttft_s": _lcp_ttft(llm, prompts[0])}
+
+
+# orchestration -------------------------------------------------------------------------------
+def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.bench", "--child", kind, json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench child {kind} failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
+    data = settings.model_dump()
+    data.update(data_dir=work / "ours", cache_dir=None, model=str(model), recalibrate=False)
+    (work / "ours").mkdir(parents=True)
+    known = settings.data_dir / "calibration.json"
+    if known.is_file():  # reuse this machine's calibration: it is keyed by machine and model
+        shutil.copy(known, work / "ours" / "calibration.json")
+    return load_settings(**{k: v for k, v in data.items() if v is not None})
+
+
+def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
+    from runtime.engine._template import ChatTemplate
+    from runtime.models import ModelManager
+
+    model = ModelManager(settings.models_dir).resolve(settings.model)
+    work = Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
+    try:
+        ours_settings = _bench_settings(settings, work, model)
+        system = system_prompt(n_rules)
+        ours = run_ours(ours_settings, system, n_conv)
+        disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
+        from runtime.engine._llama import LlamaModel
+
+        lm = LlamaModel(model)
+        template = ChatTemplate(lm.chat_template(), "", "")
+        lm.close()
+        prompts = [template.render(conversation(system, i)) for i in (0, 1)]
+        n_ctx = 4 * ours["cold"]["report"]["prompt_tokens"] + 512
+        lcp_args = {
+            "model": str(model),
+            "cache_dir": str(work / "lcp"),
+            "prompts": prompts,
+            "n_ctx": n_ctx,
+        }
+        lcp_cold = _child("lcp", {**lcp_args, "populate": True})
+        lcp = _child("lcp", {**lcp_args, "populate": False})
+        return summarize(ours, disk, lcp_cold, lcp, du(work / "ours" / "cache"), du(work / "lcp"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summarize(
+    ours: dict[str, Any],
+    disk: dict[str, Any],
+    lcp_cold: dict[str, Any],
+    lcp: dict[str, Any],
+    disk_bytes: int,
+    lcp_bytes: int,
+) -> dict[str, Any]:
+    kvb = ours["kv_bytes_per_token"]
+    anchor = ours["anchor_tokens"]
+    ideal = kvb * (anchor + sum(n - anchor for n in ours["final_tokens"]))
+    ram = ours["ram"]["report"]
+    restored = ram["restored"]["ram"]
+    return {
+        "prompt_tokens": ours["cold"]["report"]["prompt_tokens"],
+        "cold_ttft_s": ours["cold"]["ttft_s"],
+        "live_ttft_s": ours["live"]["ttft_s"],
+        "ram_ttft_s": ours["ram"]["ttft_s"],
+        "disk_ttft_s": disk["ttft_s"],
+        "disk_restored_tokens": disk["report"]["restored"]["disk"],
+        "ram_restored_tokens": restored,
+        "lcp_cold_ttft_s": lcp_cold["cold_ttft_s"],
+        "lcp_ram_ttft_s": lcp["ram_ttft_s"],
+        "lcp_disk_ttft_s": lcp["disk_ttft_s"],
+        "set_data_gbps": ours["set_data_gbps"],
+        "restore_gbps": restored * kvb / max(ram["restore_ms"], 1e-6) / 1e6,
+        "restore_ms": ram["restore_ms"],
+        "disk_bytes": disk_bytes,
+        "ideal_bytes": ideal,
+        "lcp_disk_bytes": lcp_bytes,
+        "conversations": len(ours["final_tokens"]),
+        "greedy_same_reply": ours["cold"]["text"] == ours["ram"]["text"] == disk["text"],
+        "threshold": ours["threshold"],
+        "tuning": {k: v["value"] for k, v in ours["tuning"].items()},
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    cold = r["cold_ttft_s"]
+    th = r["threshold"]
+
+    def vs_cold(key: str) -> str:
+        return f"TTFT {r[key]:8.3f} s   cold/{cold / r[key]:.0f}"
+
+    lines = [
+        f"workload: a {r['prompt_tokens']}-token prompt (shared system prompt), "
+        f"{r['conversations']} conversations x 2 turns",
+        f"  cold                  TTFT {cold:8.3f} s",
+        f"  live hit              {vs_cold('live_ttft_s')}",
+        f"  RAM hit               {vs_cold('ram_ttft_s')}"
+        f"   ({r['ram_restored_tokens']} tokens restored in {r['restore_ms']:.1f} ms)",
+        f"  disk, fresh process   {vs_cold('disk_ttft_s')}"
+        f"   ({r['disk_restored_tokens']} tokens from disk)",
+        "llama-cpp-python, same prompts:",
+        f"  cold                  TTFT {r['lcp_cold_ttft_s']:8.3f} s",
+        f"  LlamaRAMCache hit     TTFT {r['lcp_ram_ttft_s']:8.3f} s   "
+        f"warmstart RAM is {r['lcp_ram_ttft_s'] / r['ram_ttft_s']:.1f}x faster",
+        f"  LlamaDiskCache, fresh TTFT {r['lcp_disk_ttft_s']:8.3f} s   "
+        f"warmstart disk is {r['lcp_disk_ttft_s'] / r['disk_ttft_s']:.1f}x faster",
+        f"restore {r['restore_gbps']:.2f} GB/s vs raw llama_state_seq_set_data "
+        f"{r['set_data_gbps']:.2f} GB/s (same run)",
+        f"disk: {r['disk_bytes'] / 1e6:.1f} MB for {r['conversations']} conversations; "
+        f"ideal (system prompt once + own turns) {r['ideal_bytes'] / 1e6:.1f} MB "
+        f"= {r['disk_bytes'] / r['ideal_bytes']:.2f}x; "
+        f"LlamaDiskCache {r['lcp_disk_bytes'] / 1e6:.1f} MB for ONE conversation",
+        f"greedy reply identical cold / RAM / disk: {r['greedy_same_reply']}",
+        f"swap-in threshold {th['threshold_tokens']} tokens: restore "
+        f"{th['restore_ms_at_threshold']:.2f} ms vs recompute "
+        f"{th['recompute_ms_at_threshold']:.2f} ms; below it: "
+        + ("restores (!)" if th["restores_below"] else "recomputes"),
+    ]
+    for n, row in th["sweep"].items():
+        lines.append(
+            f"    {n:>5} tokens: restore {row['restore_ms']:7.2f} ms, "
+            f"recompute {row['recompute_ms']:8.2f} ms"
+        )
+    return "\n".join(lines)
+
+
+def run_bench(
+    settings: Settings, as_json: bool, quick: bool, system_tokens: int, conversations: int
+) -> int:
+    n_rules = max(2, (300 if quick else system_tokens) // 40)
+    n_conv = 3 if quick else conversations
+    result = measure(settings, n_rules, n_conv)
+    print(json.dumps(result, indent=2) if as_json else render(result))
+    return 0
+
+
+def _main_child(kind: str, payload: dict[str, Any]) -> None:
+    if kind == "disk":
+        settings = load_settings(**{k: v for k, v in payload["settings"].items() if v is not None})
+        out = child_disk(settings, payload["system"])
+    else:
+        out = child_lcp(
+            Path(payload["model"]),
+            Path(payload["cache_dir"]),
+            payload["prompts"],
+            payload["n_ctx"],
+            payload["populate"],
+        )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _main_child(sys.argv[2], json.loads(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m runtime.bench --child KIND JSON (use `warmstart bench`)")
