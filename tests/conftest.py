@@ -10,10 +10,14 @@ import pytest
 
 from runtime.types import Message, Request, Sampling
 
-MODELS_DIR = Path(os.environ.get("WARMSTART_TEST_MODELS",
-                                 Path.home() / ".cache" / "warmstart-tests" / "models"))
-SYSTEM = Message("system", "You are a helpful assistant. Answer briefly and precisely, "
-                 "in one or two sentences, and never make anything up.")
+MODELS_DIR = Path(
+    os.environ.get("WARMSTART_TEST_MODELS", Path.home() / ".cache" / "warmstart-tests" / "models")
+)
+SYSTEM = Message(
+    "system",
+    "You are a helpful assistant. Answer briefly and precisely, "
+    "in one or two sentences, and never make anything up.",
+)
 
 
 @pytest.fixture(scope="session")
@@ -37,9 +41,15 @@ def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: i
     from runtime.settings import load_settings
 
     values: dict[str, object] = dict(
-        data_dir=data_dir, model=str(model), n_ctx=1024, resident_sequences=2,
-        chunk_tokens=32, swap_in_threshold_tokens=0, ram_pool_bytes=64 << 20,
-        disk_budget_bytes=1 << 30, zstd_level=1,
+        data_dir=data_dir,
+        model=str(model),
+        n_ctx=1024,
+        resident_sequences=2,
+        chunk_tokens=32,
+        swap_in_threshold_tokens=0,
+        ram_pool_bytes=64 << 20,
+        disk_budget_bytes=1 << 30,
+        zstd_level=1,
     )
     values.update(overrides)
     return load_settings(**values)
@@ -61,11 +71,20 @@ def make_runtime(tmp_path: Path, model_path: Path) -> Iterator:  # type: ignore[
         rt.close()
 
 
-def chat(*turns: str, system: Message | None = SYSTEM, max_tokens: int = 16,
-         use_cache: bool = True, session_id: str | None = None) -> Request:
+def chat(
+    *turns: str,
+    system: Message | None = SYSTEM,
+    max_tokens: int = 16,
+    use_cache: bool = True,
+    session_id: str | None = None,
+) -> Request:
     """A chat request; ``turns`` alternate user, assistant, user, ..."""
     roles = ["user", "assistant"]
     messages = [system] if system else []
     messages += [Message(roles[i % 2], t) for i, t in enumerate(turns)]  # type: ignore[arg-type]
-    return Request(messages=tuple(messages), sampling=Sampling(max_tokens=max_tokens),
-                   use_cache=use_cache, session_id=session_id)
+    return Request(
+        messages=tuple(messages),
+        sampling=Sampling(max_tokens=max_tokens),
+        use_cache=use_cache,
+        session_id=session_id,
+    )

@@ -37,7 +37,8 @@ def ask_fresh(make_runtime, data_dir: Path):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_or_truncated_record_is_dropped_and_recomputed(
-        make_runtime, tmp_path: Path, damage: str) -> None:  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path: Path, damage: str
+) -> None:  # type: ignore[no-untyped-def]
     truth = warm_disk(make_runtime, tmp_path)
     victim = blob_files(tmp_path / "cache")[0]
     data = bytearray(victim.read_bytes())
@@ -61,8 +62,9 @@ def test_record_with_a_foreign_fingerprint_is_dropped(make_runtime, tmp_path: Pa
         data = victim.read_bytes()
         header = _codec.read_header(data)
         payload = _codec.decode(data, header.fingerprint, header.key)
-        victim.write_bytes(_codec.encode(payload, header.key,
-                                         _codec.fingerprint_digest("another model"), 1))
+        victim.write_bytes(
+            _codec.encode(payload, header.key, _codec.fingerprint_digest("another model"), 1)
+        )
     rt, logits, report = ask_fresh(make_runtime, tmp_path)
     assert report.cached_tokens == 0 and rt.store.stats()["corrupt"] >= 1
     np.testing.assert_allclose(logits, truth, atol=1e-3)
@@ -85,8 +87,9 @@ def test_blob_llama_cpp_refuses_is_dropped_and_recomputed(make_runtime, tmp_path
     q8.prompt_logits(chat(QUESTION))
     q8.close()
     q8_blob = _codec.read_header(blob_files(tmp_path / "q8" / "cache")[0].read_bytes())
-    q8_payload = _codec.decode(blob_files(tmp_path / "q8" / "cache")[0].read_bytes(),
-                               q8_blob.fingerprint, q8_blob.key)
+    q8_payload = _codec.decode(
+        blob_files(tmp_path / "q8" / "cache")[0].read_bytes(), q8_blob.fingerprint, q8_blob.key
+    )
     victim = blob_files(tmp_path / "cache")[0]
     header = _codec.read_header(victim.read_bytes())
     victim.write_bytes(_codec.encode(q8_payload, header.key, header.fingerprint, 1))
@@ -95,6 +98,6 @@ def test_blob_llama_cpp_refuses_is_dropped_and_recomputed(make_runtime, tmp_path
 
     with sqlite3.connect(tmp_path / "cache" / "index.db") as db:
         db.execute("UPDATE chunks SET nbytes = ? WHERE key = ?", (len(q8_payload), header.key))
-    rt, logits, report = ask_fresh(make_runtime, tmp_path)
+    _, logits, report = ask_fresh(make_runtime, tmp_path)
     np.testing.assert_allclose(logits, truth, atol=1e-3)
     assert report.cached_tokens < report.prompt_tokens - 1

@@ -17,21 +17,41 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def warmstart(*args: str, data_dir: Path, model: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.cli", *args, "--data-dir", str(data_dir),
-           "--model", str(model), "--n-ctx", "1024", "--resident-sequences", "2",
-           "--chunk-tokens", "32", "--swap-in-threshold-tokens", "0",
-           "--ram-pool-bytes", str(64 << 20), "--prewarm-sessions", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.cli",
+        *args,
+        "--data-dir",
+        str(data_dir),
+        "--model",
+        str(model),
+        "--n-ctx",
+        "1024",
+        "--resident-sequences",
+        "2",
+        "--chunk-tokens",
+        "32",
+        "--swap-in-threshold-tokens",
+        "0",
+        "--ram-pool-bytes",
+        str(64 << 20),
+        "--prewarm-sessions",
+        "0",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=True)
 
 
 def test_two_processes_in_turn_see_each_others_sessions(tmp_path: Path, model_path: Path) -> None:
     q = "Why do cats purr? One sentence."
-    first = warmstart("ask", q, "--session", "one", "--max-tokens", "12",
-                      data_dir=tmp_path, model=model_path)
+    first = warmstart(
+        "ask", q, "--session", "one", "--max-tokens", "12", data_dir=tmp_path, model=model_path
+    )
     assert "from disk" not in first.stderr
-    second = warmstart("ask", q, "--session", "two", "--max-tokens", "12",
-                       data_dir=tmp_path, model=model_path)
+    second = warmstart(
+        "ask", q, "--session", "two", "--max-tokens", "12", data_dir=tmp_path, model=model_path
+    )
     assert first.stdout == second.stdout  # same greedy reply
     assert "from disk" in second.stderr, second.stderr  # the first process's chunks
     listed = warmstart("sessions", "list", data_dir=tmp_path, model=model_path).stdout
@@ -46,7 +66,8 @@ WRITER = textwrap.dedent("""
     from runtime.kvstore._pool import RamPool
     from runtime.kvstore._store import TieredStore
     from runtime.kvstore._keys import chunk_key
-    store = TieredStore("fp", RamPool(1 << 24, 1 << 20), DiskTier(Path(sys.argv[1]), "fp", 1, 1 << 30))
+    disk = DiskTier(Path(sys.argv[1]), "fp", 1, 1 << 30)
+    store = TieredStore("fp", RamPool(1 << 24, 1 << 20), disk)
     parent, rng = store.root, random.Random(0)
     for i in range(100000):
         data = rng.randbytes(600_000)
@@ -65,8 +86,9 @@ def test_process_killed_mid_write_leaves_a_usable_cache(tmp_path: Path) -> None:
     from runtime.kvstore._store import TieredStore
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
     time.sleep(1.0)
     proc.send_signal(signal.SIGKILL)

@@ -123,8 +123,12 @@ def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> 
     settings = small_settings(tmp_path, gemma_path, chunk_tokens=128)
     with LocalRuntime(settings) as rt:
         assert rt.engine.swa_full and rt.engine.model.n_swa == 512
-        long_q = " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}."
-                          for i in range(60)) + " Which facts mention the number 7?"
+        long_q = (
+            " ".join(
+                f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(60)
+            )
+            + " Which facts mention the number 7?"
+        )
         req = chat(long_q, system=None)
         truth = recompute(rt, req)
         live, report = rt.prompt_logits(req)

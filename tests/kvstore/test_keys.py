@@ -1,3 +1,5 @@
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,7 +34,7 @@ def test_cuts_are_increasing_bounded_and_end_at_n(n: int, chunk: int, anchor: in
     assert cuts[-1] == n
     assert cuts == sorted(set(cuts))
     edges = [0, *cuts]
-    assert all(0 < b - a <= chunk for a, b in zip(edges, edges[1:], strict=False))
+    assert all(0 < b - a <= chunk for a, b in itertools.pairwise(edges))
     if 0 < anchor <= n:
         assert anchor in cuts
 

@@ -8,8 +8,9 @@ def add_chain(ledger: Ledger, token_runs: list[list[int]], slot_base: int = 0) -
     parent, start, out = ROOT, 0, []
     for i, run in enumerate(token_runs):
         key = chunk_key(parent, run)
-        out.append(ledger.add(Record(key, parent, start, tuple(run), 100 * len(run),
-                                     slot=slot_base + i)))
+        out.append(
+            ledger.add(Record(key, parent, start, tuple(run), 100 * len(run), slot=slot_base + i))
+        )
         parent, start = key, start + len(run)
     return out
 

@@ -68,7 +68,7 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
     assert stats["ram"]["chunks"] <= 3 and stats["disk"]["chunks"] == 8
     assert stats["demotions"] >= 5
     # everything is still restorable, from one tier or the other
-    hits = store.lookup(list(range(8)) + [99])
+    hits = store.lookup([*range(8), 99])
     assert len(hits) == 8
     assert all(store.read(h.record) is not None for h in hits)
     store.release(hits)
@@ -76,8 +76,9 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
 
 
 def test_without_disk_leaving_ram_is_eviction(tmp_path: Path) -> None:
-    store = make(tmp_path, slots=2, disk=False, high_watermark=0.5, low_watermark=0.0,
-                 min_residency_s=0)
+    store = make(
+        tmp_path, slots=2, disk=False, high_watermark=0.5, low_watermark=0.0, min_residency_s=0
+    )
     a = put(store, store.root, 0, [1], blob(1))
     put(store, a.key, 1, [2], blob(2))
     put(store, store.root, 0, [5], blob(5))
@@ -85,7 +86,8 @@ def test_without_disk_leaving_ram_is_eviction(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = make(tmp_path)
     assert store.disk is not None
 
