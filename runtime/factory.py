@@ -80,8 +80,12 @@ def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None 
     target = _CalibrationTarget(loaded, settings)
     try:
         calibration, reused = load_or_calibrate(
-            target, profile, settings.data_dir / "calibration.json", settings.recalibrate,
-            progress, cache_dir,
+            target,
+            profile,
+            settings.data_dir / "calibration.json",
+            settings.recalibrate,
+            progress,
+            cache_dir,
         )
     finally:
         target.close()
@@ -89,8 +93,9 @@ def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None 
     return Plan(profile, calibration, reused, tuning)
 
 
-def open_runtime(settings: Settings, progress: Say | None = None,
-                 prewarm: bool = True) -> LocalRuntime:
+def open_runtime(
+    settings: Settings, progress: Say | None = None, prewarm: bool = True
+) -> LocalRuntime:
     say = progress or (lambda msg: log.info("%s", msg))
     say(f"loading model {settings.model} ...")
     loaded = load_model(settings)
@@ -127,7 +132,8 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
         chosen = plan(settings, loaded, None if as_json else ProgressLine(sys.stderr))
     finally:
         loaded.model.close()
-    report = doctor_report(chosen.profile, chosen.calibration, chosen.tuning,
-                           calibration_reused=chosen.reused)
+    report = doctor_report(
+        chosen.profile, chosen.calibration, chosen.tuning, calibration_reused=chosen.reused
+    )
     print(json.dumps(report, indent=2) if as_json else render_doctor(report))
     return 0

@@ -33,6 +33,7 @@ def _close_llama_cpp_devnull() -> None:
         if f is not None and not f.closed:
             f.close()
 
+
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
 _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0
 _DECODE_NO_SLOT = 1
