@@ -1,0 +1,117 @@
+"""The `warmstart` command line, run as a user would (real processes, real model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = [
+    "--n-ctx",
+    "1024",
+    "--resident-sequences",
+    "2",
+    "--chunk-tokens",
+    "32",
+    "--ram-pool-bytes",
+    str(64 << 20),
+    "--prewarm-sessions",
+    "0",
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory, model_path: Path):  # type: ignore[no-untyped-def]
+    data_dir = tmp_path_factory.mktemp("cli")
+
+    def run(
+        *args: str, stdin: str | None = None, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        # the test's own flags come last, so they win over the common ones
+        cmd = [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            args[0],
+            "--data-dir",
+            str(data_dir),
+            "--model",
+            str(model_path),
+            *SMALL,
+            *args[1:],
+        ]
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        proc = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, env=full_env, timeout=300
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+def test_doctor_json_has_every_threshold_with_a_reason(cli) -> None:  # type: ignore[no-untyped-def]
+    report = json.loads(cli("doctor", "--json").stdout)
+    assert set(report) == {"hardware", "calibration", "settings"}
+    for name in (
+        "swap_in_threshold_tokens",
+        "ram_pool_bytes",
+        "disk_budget_bytes",
+        "chunk_tokens",
+        "high_watermark",
+        "low_watermark",
+        "zstd_level",
+        "resident_sequences",
+        "n_ctx",
+        "prewarm_sessions",
+    ):
+        assert report["settings"][name]["reason"], name
+    assert report["settings"]["chunk_tokens"] == {"value": 32, "reason": "set by the user"}
+    again = json.loads(cli("doctor", "--json").stdout)
+    assert again["calibration"]["reused"] is True  # a second start measures nothing
+
+
+def test_ask_twice_reports_the_cache_and_no_cache_does_not(cli) -> None:  # type: ignore[no-untyped-def]
+    q = "Name the largest planet. One sentence."
+    first = cli("ask", q, "--max-tokens", "12")
+    second = cli("ask", q, "--max-tokens", "12")
+    assert first.stdout == second.stdout and first.stdout.strip()
+    assert "from disk" in second.stderr and "TTFT" in second.stderr
+    off = cli("ask", q, "--max-tokens", "12", env={"WARMSTART_NO_CACHE": "1"})
+    assert off.stdout == first.stdout and "from " not in off.stderr
+
+
+def test_chat_persists_and_resumes(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("chat", "--session", "trip", "--max-tokens", "8", stdin="Plan a trip to Rome.\n")
+    resumed = cli("chat", "--session", "trip", "--max-tokens", "8", stdin="And Paris?\n/list\n")
+    assert "resumed trip" in resumed.stderr and "(3 messages" in resumed.stderr
+    assert "from disk" in resumed.stderr  # the earlier turn's prefix came back
+    shown = cli("sessions", "show", "trip").stdout
+    assert "Plan a trip to Rome." in shown and "And Paris?" in shown
+    assert "trip" in cli("sessions", "list").stdout
+    assert "deleted" in cli("sessions", "delete", "trip").stdout
+    assert cli("sessions", "show", "trip", check=False).returncode == 1
+
+
+def test_cache_stats_clear_and_models_list(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("ask", "Say hello.", "--max-tokens", "4")
+    stats = json.loads(cli("cache", "stats").stdout)
+    assert stats["tiers"]["disk"]["tokens"] > 0
+    assert "cache cleared" in cli("cache", "clear").stdout
+    assert json.loads(cli("cache", "stats").stdout)["tiers"]["disk"]["tokens"] == 0
+
+
+def test_bad_setting_is_a_clear_error(cli) -> None:  # type: ignore[no-untyped-def]
+    proc = cli("ask", "hi", "--chunk-tokens", "3", check=False)
+    assert proc.returncode == 2 and "chunk_tokens" in proc.stderr
+    proc = cli("ask", "hi", env={"WARMSTART_ZSTD_LEVEL": "99"}, check=False)
+    assert proc.returncode == 2 and "zstd_level" in proc.stderr
+    proc = cli("ask", "hi", "--model", "/nonexistent.gguf", check=False)
+    assert proc.returncode == 2 and "no model" in proc.stderr
