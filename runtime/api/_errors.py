@@ -63,10 +63,11 @@ def to_response(exc: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
-def from_runtime(exc: WarmstartError) -> APIError:
-    """The APIError for an exception the runtime raised."""
+def from_runtime(exc: WarmstartError, prompt_param: str = "messages") -> APIError:
+    """The APIError for an exception the runtime raised; ``prompt_param`` names the
+    request field that holds the prompt (``prompt`` for raw completions)."""
     if isinstance(exc, ContextOverflow):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, RequestError):
         return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, Busy):

@@ -8,7 +8,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
-from runtime.api._errors import APIError
+from runtime.api._errors import APIError, from_runtime
 from runtime.api._replies import Shape
 from runtime.api._schemas import (
     DEFAULT_MAX_TOKENS,
@@ -17,6 +17,7 @@ from runtime.api._schemas import (
 )
 from runtime.api._sse import SSEResponse, collect
 from runtime.api._state import ERRORS, AppState, state
+from runtime.errors import ContextOverflow
 from runtime.types import Request as RuntimeRequest
 
 SessionHeader = Annotated[
@@ -57,7 +58,10 @@ async def _reply(
 ) -> Response:
     """Starts the generation (errors surface here, before any byte is sent) and
     returns it streamed or whole."""
-    events = await anyio.to_thread.run_sync(st.runtime.generate, req, limiter=st.limiter)
+    try:
+        events = await anyio.to_thread.run_sync(st.runtime.generate, req, limiter=st.limiter)
+    except ContextOverflow as exc:  # name the field that holds the prompt on this route
+        raise from_runtime(exc, "messages" if shape.kind == "chat" else "prompt") from exc
     if stream:
         return SSEResponse(
             events, shape, st.limiter, include_usage=usage, on_done=st.metrics.observe

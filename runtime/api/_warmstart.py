@@ -20,6 +20,15 @@ from runtime.types import SessionInfo
 _SECRET = frozenset({"api_key"})
 
 
+def cached_tokens(tiers: dict[str, int]) -> int:
+    """The conversation's tokens held in any tier, each counted once.
+
+    The tiers overlap: a token live in the context is usually also in RAM or on disk,
+    while a stored chunk is counted in one of "ram" and "disk" only. So the cached
+    prefix is the longer of the live one and the stored one, never their sum."""
+    return max(tiers.get("live", 0), tiers.get("ram", 0) + tiers.get("disk", 0))
+
+
 def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": info.id,
@@ -28,7 +37,7 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
         "created": info.created,
         "updated": info.updated,
         "n_tokens": info.n_tokens,
-        "cached_tokens": sum(info.tiers.values()),
+        "cached_tokens": cached_tokens(info.tiers),
         "tiers": info.tiers,
         "location": info.location,
     }
