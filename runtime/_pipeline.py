@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PREFILL_STEP = 512  # tokens prefilled before yielding to other conversations
+CONTINUATION_SLACK = 16  # tokens a re-tokenized reply may differ by at its end
 
 
 @dataclass
@@ -68,13 +69,18 @@ class Job:
             have = self._restore(res)
             yield
             t1 = time.perf_counter()
-            while have < len(self.ids):
-                piece = self.ids[have : have + PREFILL_STEP]
-                engine.decode(piece, res.seq, have, want_logits=have + len(piece) == len(self.ids))
+            last = len(self.ids) - 1
+            while have < last:
+                piece = self.ids[have : min(have + PREFILL_STEP, last)]
+                engine.decode(piece, res.seq, have, want_logits=False)
                 have += len(piece)
                 res.tokens = self.ids[:have]
-                if have < len(self.ids):
-                    yield
+                yield
+            # The last prompt token is always decoded on its own, cold or restored: its
+            # logits then never depend on how much of the prompt came from the cache
+            # (a batch and a single-token decode round differently).
+            engine.decode([self.ids[last]], res.seq, last)
+            res.tokens = list(self.ids)
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
             if self.want_logits:  # the next-token distribution is the answer (tests, bench)
                 self.logits = engine.ctx.logits()
@@ -95,30 +101,38 @@ class Job:
 
     # step 1: a sequence and the longest prefix we already have --------------------------
     def _claim(self) -> Resident:
+        """A sequence for this request: the one holding this very conversation (it
+        continues in place), else an idle one, which first gets the longest live prefix
+        another sequence shares with this prompt (seq_cp: the cells are shared)."""
         engine = self.env.engine
         limit = len(self.ids) - 1  # the last prompt token is always decoded, for its logits
         best, live = engine.best_resident(self.ids) if self.request.use_cache else (None, 0)
         live = min(live, limit)
-        if best is not None and len(best.tokens) - live < self.env.tuning.chunk_tokens:
-            res = best  # this conversation continues where it lives
+        others = [r for r in engine.residents if not r.busy and r is not best]
+        if best is not None and (self._continues(best, live) or not others):
+            res = best  # when no other is idle, the best gives up its tail (it is stored)
             engine.ctx.seq_rm(res.seq, live, -1)
         else:
-            res = self._free_resident(exclude=best)
+            res = min(others, key=lambda r: (bool(r.tokens), r.last_used))
+            engine.evict(res)
             if best is not None and live > 0:
-                engine.ctx.seq_cp(best.seq, res.seq, 0, live)  # shared prefix: cells are shared
+                engine.ctx.seq_cp(best.seq, res.seq, 0, live)
             else:
                 live = 0
         res.busy = True
+        res.session = self.report.session_id
         res.tokens = self.ids[:live]
         self.report.restored["live"] = live
         return res
 
-    def _free_resident(self, exclude: Resident | None) -> Resident:
-        engine = self.env.engine
-        idle = [r for r in engine.residents if not r.busy and r is not exclude]
-        res = min(idle, key=lambda r: (bool(r.tokens), r.last_used))
-        engine.evict(res)
-        return res
+    def _continues(self, res: Resident, live: int) -> bool:
+        """Is this request the next turn of the conversation ``res`` holds?"""
+        sid = self.report.session_id
+        if sid is not None and res.session is not None:
+            return sid == res.session
+        # unknown conversations: a continuation diverges only where the last reply was
+        # re-tokenized, a few tokens before the end of what the sequence holds
+        return len(res.tokens) - live <= CONTINUATION_SLACK
 
     def _restore(self, res: Resident) -> int:
         """Restores what the store holds beyond the live prefix, when that pays."""
@@ -195,18 +209,20 @@ class Job:
 
     # step 2: the reply -----------------------------------------------------------------
     def _generate(self, res: Resident, sampler) -> Iterator[None]:  # type: ignore[no-untyped-def]
+        """Streams the reply. A token is always sampled in the same step as the decode
+        that produced its logits: the context's logits belong to whichever request
+        decoded last, and other requests run between our steps."""
         engine, sampling = self.env.engine, self.request.sampling
         text = TextAssembler(sampling.stop)
         budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
         n = 0
         finish = "length"
+        token = sampler.sample(engine.ctx)
+        self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         while True:
             if self.stream.cancelled:
                 finish = "cancelled"
                 break
-            token = sampler.sample(engine.ctx)
-            if n == 0:
-                self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
             if engine.model.is_eog(token):
                 finish = "stop"
                 break
@@ -219,6 +235,7 @@ class Job:
                 break
             engine.decode([token], res.seq, len(res.tokens))
             res.tokens.append(token)
+            token = sampler.sample(engine.ctx)
             yield
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n

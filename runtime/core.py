@@ -92,6 +92,7 @@ class LocalRuntime:
                 n_ctx_total=self.tuning.n_ctx * (self.tuning.resident_sequences + 1),
                 resident_sequences=self.tuning.resident_sequences,
                 n_threads=settings.n_threads or 0,
+                decode_threads=settings.decode_threads,
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,

@@ -44,6 +44,7 @@ class _CalibrationTarget:
                     n_ctx_total=CALIBRATION_CTX,
                     resident_sequences=1,
                     n_threads=s.n_threads or 0,
+                    decode_threads=s.decode_threads,
                     n_gpu_layers=s.n_gpu_layers,
                     flash_attn=s.flash_attn,
                     type_kv=s.type_kv,

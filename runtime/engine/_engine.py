@@ -66,6 +66,7 @@ class Resident:
     tokens: list[int] = field(default_factory=list)
     last_used: float = 0.0
     busy: bool = False
+    session: str | None = None  # the conversation it holds, when known
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class EngineConfig:
     n_ctx_total: int  # KV cells shared by every resident conversation
     resident_sequences: int
     n_threads: int = 0
+    decode_threads: int = 1
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     type_kv: str = "f16"
@@ -92,6 +94,7 @@ class Engine:
                 n_ctx=config.n_ctx_total,
                 n_seq_max=config.resident_sequences + 1,
                 n_threads=config.n_threads,
+                decode_threads=config.decode_threads,
                 flash_attn=config.flash_attn,
                 type_kv=config.type_kv,
                 swa_full=self.swa_full,
@@ -180,6 +183,7 @@ class Engine:
         if res.tokens:
             self.ctx.seq_rm(res.seq)
             res.tokens = []
+        res.session = None
 
     # decode ------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], seq: int, pos0: int, want_logits: bool = True) -> None:

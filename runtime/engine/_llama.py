@@ -134,7 +134,8 @@ class ContextConfig:
     n_ctx: int  # total KV cells, shared by all sequences (unified cache)
     n_seq_max: int
     n_batch: int = 512
-    n_threads: int = 0  # 0: all cores
+    n_threads: int = 0  # prefill threads; 0: all cores
+    decode_threads: int = 1
     flash_attn: str = "auto"
     type_kv: str = "f16"
     swa_full: bool = False
@@ -151,9 +152,11 @@ class LlamaContext:
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_batch
         params.n_seq_max = config.n_seq_max
-        threads = config.n_threads or os.cpu_count() or 1
-        params.n_threads = threads
-        params.n_threads_batch = threads
+        # Single-token decodes split attention over the KV cache by thread, so their
+        # rounding depends on the thread count and on how many cells other conversations
+        # occupy; one decode thread keeps a greedy reply the same alone or in company.
+        params.n_threads = config.decode_threads
+        params.n_threads_batch = config.n_threads or os.cpu_count() or 1
         params.flash_attn_type = _FLASH[config.flash_attn]
         params.type_k = _GGML_TYPES[config.type_kv]
         params.type_v = _GGML_TYPES[config.type_kv]
