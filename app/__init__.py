@@ -11,7 +11,12 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the desktop app; ``warmstart app`` and ``python -m app`` call this."""
+    """Run the desktop app and return its exit code.
+
+    ``argv`` holds the app's options (``--server URL`` ...). ``None`` reads them from
+    ``sys.argv``: all of it after ``python -m app``, what follows the ``app``
+    subcommand after ``warmstart [...] app``.
+    """
     from app.qt.main import run
 
     return run(argv)

@@ -13,8 +13,25 @@ from app.core.paths import data_dir
 from app.qt.application import Options, WarmstartApp
 from app.qt.theme import Theme, app_icon
 
+log = logging.getLogger(__name__)
+
+
+def command_line_args(argv: list[str]) -> tuple[list[str], bool]:
+    """The app's own arguments in a whole command line (``sys.argv``), and whether it
+    came through ``warmstart [...] app ARGS`` (the CLI has parsed that line already, so
+    what follows ``app`` may hold its settings flags as well as the app's options)."""
+    script = Path(argv[0]) if argv else Path()
+    rest = argv[1:]
+    if (script.name, script.parent.name) == ("__main__.py", "app") or "app" not in rest:
+        return rest, False  # python -m app ARGS
+    return rest[rest.index("app") + 1 :], True
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """``argv``: the app's options; ``None`` reads them from ``sys.argv``."""
+    from_cli = False
+    if argv is None:
+        argv, from_cli = command_line_args(sys.argv)
     parser = argparse.ArgumentParser(prog="warmstart app", description="warmstart's desktop app")
     parser.add_argument("--server", metavar="URL", help="base URL, e.g. http://host:8765/v1")
     parser.add_argument("--api-key", help="Bearer key for a server off this machine")
@@ -24,7 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--theme", choices=("system", "light", "dark"), default="system")
     parser.add_argument("--data-dir", help="where conversations are kept")
     parser.add_argument("-v", "--verbose", action="store_true")
-    return parser.parse_args(argv)
+    if not from_cli:
+        return parser.parse_args(argv)
+    args, ignored = parser.parse_known_args(argv)
+    if ignored:  # warmstart's settings flags, accepted by the CLI's own parser
+        log.warning("warmstart app: ignoring %s", " ".join(ignored))
+    return args
 
 
 def build(argv: list[str] | None = None) -> tuple[QApplication, WarmstartApp, Theme]:

@@ -1,9 +1,11 @@
 """Screenshots of the main window for the docs, light and dark.
 
 Run ``python -m app.tools.screenshots`` (it re-runs itself under ``xvfb-run`` when no
-display is set). Each theme runs in its own process against the app's contract fake
-server (``--server-cmd`` swaps in another, e.g. ``"warmstart serve --port {port}"``),
-with a few conversations so the memory panel has something to show.
+display is set). Each theme runs in its own process against its own ``warmstart serve``
+on the real model (``--model``; by default the one the tests pull, else the server
+pulls the default model), with a few real conversations so the memory panel has
+something to show. Each server calibrates the machine first, so a run takes about a
+minute. ``--server-cmd`` (with ``{port}`` and ``{data_dir}``) swaps in another server.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+TEST_MODEL = Path.home() / ".cache/warmstart-tests/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+SERVER_SETTINGS = [
+    *("--n-ctx", "2048", "--resident-sequences", "2", "--chunk-tokens", "64"),
+    *("--ram-pool-bytes", "268435456", "--prewarm-sessions", "0"),
+]
+SYSTEM = "You are a helpful assistant. Answer briefly and precisely, in two or three sentences."
 QUESTIONS = [
     ("How does warmstart keep a conversation's KV cache?", True),
     ("Write a Python function that greets someone.", False),
@@ -45,22 +53,25 @@ def wait_until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def shoot(theme: str, out: Path, server_cmd: str | None) -> None:
+def server_command(port: int, data_dir: Path, model: str, custom: str | None) -> list[str]:
+    if custom:
+        return shlex.split(custom.replace("{port}", str(port)).replace("{data_dir}", str(data_dir)))
+    serve = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+    return [*serve, "--data-dir", str(data_dir), "--model", model, *SERVER_SETTINGS]
+
+
+def shoot(theme: str, out: Path, model: str, server_cmd: str | None) -> None:
+    from dataclasses import replace
+
     from PySide6.QtWidgets import QApplication
 
+    from app.core.types import Sampling
     from app.qt.application import Options, WarmstartApp
     from app.qt.theme import Theme, app_icon
 
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="warmstart-shots-"))
-    cmd = (
-        shlex.split(server_cmd.replace("{port}", str(port)))
-        if server_cmd
-        else [
-            *(sys.executable, "-m", "app.tools.fake_server", "--port", str(port)),
-            *("--token-delay", "0.002", "--state", str(work / "server.json")),
-        ]
-    )
+    cmd = server_command(port, work / "server", model, server_cmd)
     server = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         qapp = QApplication.instance() or QApplication([sys.argv[0]])
@@ -74,9 +85,12 @@ def shoot(theme: str, out: Path, server_cmd: str | None) -> None:
             scheme=styled.scheme,
         )
         app = WarmstartApp(options)
+        # seeded, so a rerun shows the same replies; short, so the chat fits the window
+        sampling = Sampling(temperature=0.3, max_tokens=80, seed=7)
+        app.apply_preferences(replace(app.prefs, sampling=sampling, system_prompt=SYSTEM))
         app.start()
         app.window.resize(1280, 800)
-        wait_until(lambda: app.connection.ready, 60)
+        wait_until(lambda: app.connection.ready, 180)  # the first start calibrates
         first = None
         for question, in_first in QUESTIONS:
             if in_first and first is not None:
@@ -85,7 +99,7 @@ def shoot(theme: str, out: Path, server_cmd: str | None) -> None:
                 app.chat.new_conversation()
             first = first or app.chat.current
             app.chat.send(question)
-            wait_until(lambda: not app.chat.busy)
+            wait_until(lambda: not app.chat.busy, 120)
         assert first is not None
         app.library.set_pinned(first, True)
         app.memory.refresh()
@@ -111,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--theme", choices=("light", "dark"), help="one theme (default: both)")
-    parser.add_argument("--server-cmd", help="server command with {port}")
+    parser.add_argument(
+        "--model",
+        default=str(TEST_MODEL) if TEST_MODEL.exists() else "default",
+        help="GGUF path or model name for the server (default: the tests' model)",
+    )
+    parser.add_argument("--server-cmd", help="server command with {port} and {data_dir}")
     args = parser.parse_args(argv)
     if not os.environ.get("DISPLAY") and not os.environ.get("QT_QPA_PLATFORM"):
         xvfb = shutil.which("xvfb-run")
@@ -133,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                     theme,
                     "--out",
                     str(args.out),
+                    "--model",
+                    args.model,
                 ]
                 + (["--server-cmd", args.server_cmd] if args.server_cmd else []),
                 cwd=ROOT,
@@ -140,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             if rc:
                 return rc
         return 0
-    shoot(args.theme, args.out / f"app-{args.theme}.png", args.server_cmd)
+    shoot(args.theme, args.out / f"app-{args.theme}.png", args.model, args.server_cmd)
     return 0
 
 

@@ -9,7 +9,13 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest
 
 from tests.app.fakes import FakeBackend
-from tests.app.servers import server_factory  # noqa: F401 - fixture
+from tests.app.servers import (  # noqa: F401 - fixtures
+    fake_server,
+    plain_server,
+    real_server,
+    servers,
+    shared_real_server,
+)
 
 
 @pytest.fixture(autouse=True)

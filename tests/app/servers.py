@@ -1,9 +1,16 @@
-"""A real HTTP server on loopback for the app's end-to-end tests.
+"""Real HTTP servers on loopback for the app's end-to-end tests.
 
-The command is swappable: by default the app's contract fake
-(``python -m app.tools.fake_server``); ``WARMSTART_APP_TEST_SERVER=runtime`` uses the
-runtime's fake (``python -m runtime.api --fake``), and ``WARMSTART_APP_TEST_SERVER_CMD``
-any command with ``{port}`` in it, e.g. ``warmstart serve --port {port}``.
+- ``real_server``: ``warmstart serve`` on the real default model (the acceptance tests).
+  One process serves the whole run: its first start calibrates the machine (~20 s on
+  two cores) and each start loads the model (~5 s). Conversation ids are fresh UUIDs,
+  so the tests do not see each other's conversations; a test that needs an empty
+  cache cannot have one. ``server.restart()`` keeps the data dir: the RAM pool and
+  the live context are gone, the disk tier is not. ``WARMSTART_APP_TEST_SERVER_CMD``
+  (with ``{port}`` and ``{data_dir}``) replaces the command, e.g. to try another model.
+- ``fake_server``: the runtime's own fake (``python -m runtime.api --fake``), for the
+  tests about the app's behaviour rather than the model's.
+- ``plain_server``: an OpenAI-compatible server without warmstart's extensions
+  (``tests/app/plain_server.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +21,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Small enough to keep a reply quick on two CPU cores, big enough that a
+# conversation's prompt spans a few chunks (restores are per chunk).
+REAL_SETTINGS = [
+    *("--n-ctx", "2048", "--resident-sequences", "2", "--chunk-tokens", "64"),
+    *("--ram-pool-bytes", "268435456", "--prewarm-sessions", "0"),
+]
 
 
 def free_port() -> int:
@@ -29,21 +42,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(port: int, state: Path, extra: list[str]) -> list[str]:
-    custom = os.environ.get("WARMSTART_APP_TEST_SERVER_CMD")
-    if custom:
-        return [p.replace("{port}", str(port)) for p in shlex.split(custom)]
-    if os.environ.get("WARMSTART_APP_TEST_SERVER") == "runtime":
-        return [sys.executable, "-m", "runtime.api", "--fake", "--port", str(port)]
-    fake = [sys.executable, "-m", "app.tools.fake_server", "--port", str(port)]
-    return [*fake, "--state", str(state), *extra]
-
-
 class ServerProcess:
-    def __init__(self, port: int, state: Path, extra: list[str], log: Path) -> None:
-        self.port = port
-        self.state = state
-        self.extra = extra
+    """One server command on one port; ``stop()`` then ``start()`` restarts it."""
+
+    def __init__(self, command: Callable[[int], list[str]], log: Path) -> None:
+        self.port = free_port()
+        self.command = command(self.port)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -51,15 +55,15 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 60.0) -> ServerProcess:
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 120.0) -> ServerProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                server_command(self.port, self.state, self.extra),
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                self.command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -71,32 +75,82 @@ class ServerProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("server did not answer /health in time")
+        raise RuntimeError(f"server did not answer /health in time: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.terminate()  # SIGTERM: the real server flushes its disk tier
             try:
-                self.proc.wait(10)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
 
+    def restart(self) -> ServerProcess:
+        self.stop()
+        return self.start()
+
 
 @pytest.fixture
-def server_factory(tmp_path: Path) -> Iterator:
+def servers(tmp_path: Path) -> Iterator[Callable[[Callable[[int], list[str]]], ServerProcess]]:
+    """``servers(command)`` starts ``command(port)``; all are stopped after the test."""
     started: list[ServerProcess] = []
 
-    def make(*extra: str) -> ServerProcess:
-        server = ServerProcess(
-            free_port(),
-            tmp_path / f"server{len(started)}.json",
-            list(extra),
-            tmp_path / "server.log",
-        )
+    def start(command: Callable[[int], list[str]]) -> ServerProcess:
+        server = ServerProcess(command, tmp_path / "server.log")
         started.append(server)
         return server.start()
 
-    yield make
+    yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_real_server(
+    tmp_path_factory: pytest.TempPathFactory, model_path: Path
+) -> Iterator[ServerProcess]:
+    """One ``warmstart serve`` process for the whole run, started on first use."""
+    data_dir = tmp_path_factory.mktemp("warmstart-data")
+
+    def command(port: int) -> list[str]:
+        custom = os.environ.get("WARMSTART_APP_TEST_SERVER_CMD")
+        if custom:
+            fill = {"{port}": str(port), "{data_dir}": str(data_dir)}
+            parts = shlex.split(custom)
+            for key, value in fill.items():
+                parts = [p.replace(key, value) for p in parts]
+            return parts
+        serve = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+        return [*serve, "--data-dir", str(data_dir), "--model", str(model_path), *REAL_SETTINGS]
+
+    server = ServerProcess(command, tmp_path_factory.mktemp("warmstart-log") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_server(shared_real_server: ServerProcess) -> ServerProcess:
+    """``warmstart serve`` on the default model, running; see the module docstring."""
+    if not shared_real_server.running:  # first use, or a test stopped it and failed
+        shared_real_server.start()
+    return shared_real_server
+
+
+@pytest.fixture
+def fake_server(servers) -> Callable[..., ServerProcess]:
+    """``fake_server(*flags)``: the runtime's FakeRuntime behind the real API, started."""
+
+    def make(*flags: str) -> ServerProcess:
+        fake = [sys.executable, "-m", "runtime.api", "--fake"]
+        return servers(lambda port: [*fake, "--port", str(port), *flags])
+
+    return make
+
+
+@pytest.fixture
+def plain_server(servers) -> ServerProcess:
+    """A plain OpenAI-compatible server (no ``/v1/warmstart``, no ``/health``), started."""
+    return servers(
+        lambda port: [sys.executable, "-m", "tests.app.plain_server", "--port", str(port)]
+    )

@@ -138,6 +138,8 @@ def test_library_search_pin_delete_and_locations(qtbot, parts, fake_backend):
     library.set_search("cats")
     assert library.model.rowCount() == 1
     library.set_search("")
+    # the poll the connection started may still be out, and refresh() skips while it is
+    qtbot.waitUntil(lambda: not memory.polling, timeout=5000)
     with qtbot.waitSignal(memory.sessions, timeout=5000) as got:
         memory.refresh()
     library.apply_sessions(got.args[0])

@@ -73,7 +73,9 @@ class TtftPlot(QWidget):
             )
             for i, v in enumerate(values)
         ]
-        painter.setPen(QPen(grid.darker(130), 1.5))
+        line = QColor(text)
+        line.setAlpha(110)  # a muted text colour reads on light and dark themes alike
+        painter.setPen(QPen(line, 1.5))
         for a, b in itertools.pairwise(xy):
             painter.drawLine(a, b)
         for point, dot in zip(self.points, xy, strict=True):
