@@ -18,7 +18,7 @@ from app.core.api import ApiClient
 from app.core.launcher import LocalServer, override_env, port_of, serve_command
 from app.core.preferences import Preferences
 from app.core.report import TIER_LABELS
-from app.core.store import ConversationStore
+from app.core.store import Conversation, ConversationStore
 from app.core.types import Backend
 from app.qt.controllers import (
     ChatController,
@@ -227,9 +227,12 @@ class WarmstartApp:
     def _selected_id(self) -> str | None:
         return self.chat.current
 
-    def _rename_selected(self) -> None:
+    def _selected_conversation(self) -> Conversation | None:
         cid = self._selected_id()
-        conv = self.store.get(cid) if cid else None
+        return self.store.get(cid) if cid else None
+
+    def _rename_selected(self) -> None:
+        conv = self._selected_conversation()
         if conv is None:
             return
         title, ok = QInputDialog.getText(self.window, "Rename", "Title", text=conv.title)
@@ -244,8 +247,7 @@ class WarmstartApp:
             self._select(cid)
 
     def _delete_selected(self) -> None:
-        cid = self._selected_id()
-        conv = self.store.get(cid) if cid else None
+        conv = self._selected_conversation()
         if conv is None:
             return
         answer = QMessageBox.question(

@@ -11,7 +11,6 @@ from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPixmap
 from app.core.report import TIER_LABELS
 from app.core.store import Conversation
 from app.core.types import SessionSummary
-from app.qt.compat import emit
 
 Index = QModelIndex | QPersistentModelIndex
 LOCATION_COLORS = {"live": "#2e9d4f", "ram": "#2f7fd8", "disk": "#c98a1b", "none": "#8a8a8a"}
@@ -69,7 +68,7 @@ class ConversationListModel(QAbstractListModel):
         self._sessions = new
         if self._rows:
             roles = [Roles.Location, Qt.ItemDataRole.DecorationRole, Qt.ItemDataRole.ToolTipRole]
-            emit(self.dataChanged, self.index(0), self.index(len(self._rows) - 1), roles)
+            self.dataChanged.emit(self.index(0), self.index(len(self._rows) - 1), roles)
 
     # -- reading ---------------------------------------------------------------------
 

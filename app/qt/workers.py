@@ -15,7 +15,6 @@ from typing import Any
 from PySide6.QtCore import QObject, QThreadPool, Signal
 
 from app.core.types import ChatStream, Finished, TextDelta
-from app.qt.compat import emit
 
 log = logging.getLogger(__name__)
 OnDone = Callable[[Any], None]
@@ -45,9 +44,9 @@ class Jobs(QObject):
             try:
                 result = fn()
             except Exception as exc:  # delivered to on_error on the GUI thread
-                emit(self._failed, job, exc)
+                self._failed.emit(job, exc)
             else:
-                emit(self._done, job, result)
+                self._done.emit(job, result)
 
         self.pool.start(run)
 
@@ -89,8 +88,8 @@ class StreamRunner(QObject):
         try:
             for event in self.stream:
                 if isinstance(event, TextDelta):
-                    emit(self.delta, event.text)
+                    self.delta.emit(event.text)
                 elif isinstance(event, Finished):
-                    emit(self.finished, event.report)
+                    self.finished.emit(event.report)
         except Exception as exc:  # shown to the user by the controller
-            emit(self.failed, exc)
+            self.failed.emit(exc)

@@ -11,7 +11,6 @@ from app.core.errors import describe
 from app.core.preferences import Preferences
 from app.core.report import ReplyReport, format_status
 from app.core.store import DEFAULT_TITLE, ConversationStore, StoredMessage
-from app.qt.compat import emit
 from app.qt.controllers.connection import ConnectionController
 from app.qt.workers import Jobs, StreamRunner
 
@@ -72,18 +71,18 @@ class ChatController(QObject):
 
     def new_conversation(self) -> str:
         conv = self._store.create(model=self._prefs().model or None)
-        emit(self.conversations_changed)
+        self.conversations_changed.emit()
         self.open(conv.id)
         return conv.id
 
     def open(self, cid: str | None) -> None:
         self._editing = None
         self.current = cid
-        emit(self.opened, cid or "", self._store.messages(cid) if cid else [])
+        self.opened.emit(cid or "", self._store.messages(cid) if cid else [])
         if cid and cid == self._streaming_cid:
-            emit(self.reply_started)
+            self.reply_started.emit()
             if self._partial:
-                emit(self.reply_delta, self.partial_text())
+                self.reply_delta.emit(self.partial_text())
 
     def messages(self) -> list[StoredMessage]:
         return self._store.messages(self.current) if self.current else []
@@ -99,12 +98,12 @@ class ChatController(QObject):
         conv = self._store.get(cid)
         if self._editing is not None:
             self._store.truncate(cid, self._editing)
-            emit(self.truncated, self._editing)
+            self.truncated.emit(self._editing)
             self._editing = None
         if conv and conv.title == DEFAULT_TITLE and not self._store.messages(cid):
             self._store.rename(cid, title_from(text))
-        emit(self.message_added, self._store.append(cid, "user", text))
-        emit(self.conversations_changed)
+        self.message_added.emit(self._store.append(cid, "user", text))
+        self.conversations_changed.emit()
         self._request(cid)
         return True
 
@@ -113,8 +112,8 @@ class ChatController(QObject):
             self._runner.cancel()
         elif self._pending is not None:
             self._pending = None
-            emit(self.busy_changed, False)
-            emit(self.status, "Cancelled before the server was ready.")
+            self.busy_changed.emit(False)
+            self.status.emit("Cancelled before the server was ready.")
 
     def regenerate(self) -> bool:
         msgs = self.messages()
@@ -122,7 +121,7 @@ class ChatController(QObject):
             return False
         if msgs[-1].role == "assistant":
             self._store.truncate(self.current, msgs[-1].position)
-            emit(self.truncated, msgs[-1].position)
+            self.truncated.emit(msgs[-1].position)
         if not any(m.role == "user" for m in msgs):
             return False
         self._request(self.current)
@@ -150,11 +149,11 @@ class ChatController(QObject):
     # -- the stream --------------------------------------------------------------------
 
     def _request(self, cid: str) -> None:
-        emit(self.error, "")
+        self.error.emit("")
         if not self._connection.ready:
             self._pending = cid
-            emit(self.busy_changed, True)
-            emit(self.status, "Waiting for the server; the message goes out when it is ready…")
+            self.busy_changed.emit(True)
+            self.status.emit("Waiting for the server; the message goes out when it is ready…")
             return
         prefs = self._prefs()
         history = [m.as_api() for m in self._store.messages(cid)]
@@ -168,10 +167,10 @@ class ChatController(QObject):
         runner.finished.connect(lambda report: self._on_finished(cid, report))
         runner.failed.connect(lambda exc: self._on_failed(cid, exc))
         self._runner, self._streaming_cid, self._partial = runner, cid, []
-        emit(self.busy_changed, True)
+        self.busy_changed.emit(True)
         if cid == self.current:
-            emit(self.reply_started)
-        emit(self.status, "Generating…")
+            self.reply_started.emit()
+        self.status.emit("Generating…")
         runner.start()
 
     def _resume_pending(self) -> None:
@@ -182,22 +181,22 @@ class ChatController(QObject):
     def _on_delta(self, text: str) -> None:
         self._partial.append(text)
         if self._streaming_cid == self.current:
-            emit(self.reply_delta, text)
+            self.reply_delta.emit(text)
 
     def _end_stream(self) -> str:
         text = self.partial_text()
         self._runner, self._streaming_cid, self._partial = None, None, []
-        emit(self.busy_changed, False)
+        self.busy_changed.emit(False)
         return text
 
     def _on_finished(self, cid: str, report: ReplyReport) -> None:
         text = self._end_stream()
         msg = self._store.append(cid, "assistant", text, report) if text else None
         if cid == self.current:
-            emit(self.reply_finished, msg)
-        emit(self.status, format_status(report))
-        emit(self.report_received, cid, report)
-        emit(self.conversations_changed)
+            self.reply_finished.emit(msg)
+        self.status.emit(format_status(report))
+        self.report_received.emit(cid, report)
+        self.conversations_changed.emit()
 
     def _on_failed(self, cid: str, exc: BaseException) -> None:
         text = self._end_stream()
@@ -205,7 +204,7 @@ class ChatController(QObject):
         # Keep what already arrived: the user can regenerate, or read what was there.
         msg = self._store.append(cid, "assistant", text) if text else None
         if cid == self.current:
-            emit(self.reply_finished, msg)
-        emit(self.error, describe(exc))
-        emit(self.status, "The reply failed.")
+            self.reply_finished.emit(msg)
+        self.error.emit(describe(exc))
+        self.status.emit("The reply failed.")
         self._connection.report_error(exc)

@@ -10,7 +10,6 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.core.errors import AppError, ServerUnavailable, describe
 from app.core.launcher import LocalServer, is_loopback
 from app.core.types import Backend, Health
-from app.qt.compat import emit
 from app.qt.workers import Jobs
 
 log = logging.getLogger(__name__)
@@ -87,9 +86,9 @@ class ConnectionController(QObject):
     def _set_state(self, state: str, message: str = "") -> None:
         changed = state != self.state
         self.state = state
-        emit(self.message, message)
+        self.message.emit(message)
         if changed:
-            emit(self.state_changed, state)
+            self.state_changed.emit(state)
 
     def _schedule(self) -> None:
         self._timer.start(self._poll_ready_ms if self.state == READY else self._poll_down_ms)
@@ -100,7 +99,7 @@ class ConnectionController(QObject):
             self._on_ready(health)
         else:
             self._set_state(CONNECTING, f"Loading {health.model or 'the model'}…")
-            emit(self.progress, f"Loading {health.model or 'the model'}…", health.progress)
+            self.progress.emit(f"Loading {health.model or 'the model'}…", health.progress)
         self._schedule()
 
     def _on_health_error(self, exc: BaseException) -> None:
@@ -116,7 +115,7 @@ class ConnectionController(QObject):
             return
         if isinstance(exc, AppError) and not isinstance(exc, ServerUnavailable):
             # It answered, just not with "ok" (e.g. 503 while loading): keep waiting.
-            emit(self.progress, describe(exc), None)
+            self.progress.emit(describe(exc), None)
         if self.state != DOWN:
             self._set_state(DOWN, describe(exc))
         self._schedule()
@@ -126,13 +125,13 @@ class ConnectionController(QObject):
         self.health = health
         self._set_state(READY, "")
         if not was_ready:
-            emit(self.progress, "", 1.0)
-            emit(self.became_ready, health)
+            self.progress.emit("", 1.0)
+            self.became_ready.emit(health)
             self._jobs.submit(self.backend.sessions, self._on_sessions, lambda _e: None)
 
     def _on_sessions(self, sessions: object) -> None:
         self.is_warmstart = sessions is not None
-        emit(self.capabilities, self.is_warmstart)
+        self.capabilities.emit(self.is_warmstart)
 
     def _launch(self) -> None:
         assert self._launcher is not None
@@ -142,9 +141,7 @@ class ConnectionController(QObject):
 
         def run() -> Health:
             server.start()
-            return server.wait_ready(
-                backend.health, progress=lambda m, p: emit(self.progress, m, p)
-            )
+            return server.wait_ready(backend.health, progress=lambda m, p: self.progress.emit(m, p))
 
         self._jobs.submit(run, self._on_launched, self._on_launch_failed)
 
@@ -156,5 +153,5 @@ class ConnectionController(QObject):
     def _on_launch_failed(self, exc: BaseException) -> None:
         log.warning("local server failed to start: %s", exc)
         self._set_state(DOWN, f"Could not start a local server: {describe(exc)}")
-        emit(self.progress, "", None)
+        self.progress.emit("", None)
         self._schedule()

@@ -8,7 +8,6 @@ from PySide6.QtCore import QObject, Signal
 
 from app.core.store import ConversationStore
 from app.core.types import SessionSummary
-from app.qt.compat import emit
 from app.qt.controllers.connection import ConnectionController
 from app.qt.models import ConversationListModel
 from app.qt.workers import Jobs
@@ -62,7 +61,7 @@ class LibraryController(QObject):
         that is down or does not know it changes nothing for the user)."""
         self._store.delete(cid)
         self.reload()
-        emit(self.deleted, cid)
+        self.deleted.emit(cid)
         backend = self._connection.backend
         self._jobs.submit(
             lambda: backend.delete_session(cid),
@@ -76,7 +75,7 @@ class LibraryController(QObject):
         """Ask the server to bring the ``count`` most recent conversations up to RAM, one
         after the other, so the first question in each is answered from cache."""
         ids = [c.id for c in self._store.conversations()[:count]]
-        emit(self.prewarm_progress, 0, len(ids))
+        self.prewarm_progress.emit(0, len(ids))
         if not ids:
             return
         backend = self._connection.backend
@@ -89,7 +88,7 @@ class LibraryController(QObject):
             state["done"] += 1
 
             def after(_r: object = None) -> None:
-                emit(self.prewarm_progress, state["done"], len(ids))
+                self.prewarm_progress.emit(state["done"], len(ids))
                 step()
 
             self._jobs.submit(lambda: backend.prewarm(cid), after, after)

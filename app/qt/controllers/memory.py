@@ -10,7 +10,6 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.core.memory import MemorySnapshot, parse_stats
 from app.core.report import ReplyReport
 from app.core.types import SessionSummary
-from app.qt.compat import emit
 from app.qt.controllers.connection import ConnectionController
 from app.qt.workers import Jobs
 
@@ -72,18 +71,18 @@ class MemoryController(QObject):
 
     def add_report(self, conversation: str, report: ReplyReport) -> None:
         self.points = [*self.points, ReplyPoint(time.time(), conversation, report)][-self._max :]
-        emit(self.history_changed, self.points)
-        emit(self.last_report, report)
+        self.history_changed.emit(self.points)
+        self.last_report.emit(report)
         self.refresh()
 
     def _on_stats(self, data: object) -> None:
         self._in_flight -= 1
         self.latest = parse_stats(data) if isinstance(data, dict) else None
-        emit(self.snapshot, self.latest)
+        self.snapshot.emit(self.latest)
 
     def _on_sessions(self, data: list[SessionSummary] | None) -> None:
         self._in_flight -= 1
-        emit(self.sessions, data)
+        self.sessions.emit(data)
 
     def _on_error(self, exc: BaseException) -> None:
         self._in_flight -= 1

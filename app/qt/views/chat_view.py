@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
 
 from app.core.report import format_status
 from app.core.store import StoredMessage
-from app.qt.compat import emit
 from app.qt.theme import code_background
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -47,9 +46,9 @@ class MessageBubble(QFrame):
         name.setObjectName("role")
         header.addWidget(name)
         header.addStretch(1)
-        self.copy_button = self._flat("Copy", lambda: emit(self.copy_clicked, self.text))
-        self.edit_button = self._flat("Edit", lambda: emit(self.edit_clicked))
-        self.regenerate_button = self._flat("Regenerate", lambda: emit(self.regenerate_clicked))
+        self.copy_button = self._flat("Copy", lambda: self.copy_clicked.emit(self.text))
+        self.edit_button = self._flat("Edit", lambda: self.edit_clicked.emit())
+        self.regenerate_button = self._flat("Regenerate", lambda: self.regenerate_clicked.emit())
         for b in (self.edit_button, self.regenerate_button, self.copy_button):
             header.addWidget(b)
         self.edit_button.hide()
@@ -119,10 +118,10 @@ class Composer(QPlainTextEdit):
     def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            emit(self.submitted)
+            self.submitted.emit()
             return
         if event.key() == Qt.Key.Key_Up and not self.toPlainText():
-            emit(self.edit_last)
+            self.edit_last.emit()
             return
         super().keyPressEvent(event)
 
@@ -324,7 +323,7 @@ class ChatView(QWidget):
     def _submit(self) -> None:
         text = self.composer.toPlainText().strip()
         if text and self.send_button.isEnabled():
-            emit(self.send_requested, text)
+            self.send_requested.emit(text)
 
     def _follow(self, _min: int, maximum: int) -> None:
         self.scroll_area.verticalScrollBar().setValue(maximum)
