@@ -197,10 +197,9 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
             turn2 = timed(rt, conversation(system, i, turn1["text"]))
             r = turn2["report"]
             own_tokens.append(r["prompt_tokens"] + r["completion_tokens"])
+        rt.wait_idle()  # the last reply's chunks are captured after its Done
         rt.store.flush()
-        out["anchor_tokens"] = len(rt.engine.prompt_ids(Request(messages=first))[0]) - len(
-            rt.engine.prompt_ids(Request(messages=first[1:]))[0]
-        )
+        out["anchor_tokens"] = rt.engine.prompt_ids(Request(messages=first))[1]
         out["final_tokens"] = own_tokens
         out["threshold"] = threshold_check(rt)
         return out

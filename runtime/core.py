@@ -109,6 +109,8 @@ class LocalRuntime:
         self._waiting: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
+        self._idle = threading.Event()
+        self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
 
@@ -165,6 +167,7 @@ class LocalRuntime:
                 raise Busy(retry_after=2.0)
             job = Job(self.env, request, ids, anchor, stream, session_id, want_logits)
             self._waiting.append(job)
+            self._idle.clear()
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
@@ -190,6 +193,9 @@ class LocalRuntime:
                     fut.set_exception(exc)
             if active:
                 self._step(active)
+            with self._cv:
+                if not active and not self._waiting:
+                    self._idle.set()
 
     def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
         job, steps = active.popleft()
@@ -220,6 +226,10 @@ class LocalRuntime:
             self._calls.append((fn, fut))
             self._cv.notify()
         return fut.result()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Waits until every submitted request has finished, captures included."""
+        return self._idle.wait(timeout)
 
     def evict_live(self) -> None:
         """Empties every idle resident sequence (their chunks stay in RAM and on disk):

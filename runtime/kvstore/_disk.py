@@ -11,6 +11,7 @@ and a row whose blob is gone (evicted, deleted by hand) is dropped on first use.
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import diskcache
+import numpy as np
 
 from runtime import _sqlite
 from runtime.errors import CacheError, DiskFull
@@ -140,22 +142,36 @@ class DiskTier:
                 raise DiskFull(f"the cache disk is full ({self.directory})") from exc
             raise CacheError(f"cannot write chunk {row.key.hex()}: {exc}") from exc
 
-    def get(self, key: bytes) -> bytes | None:
-        """The chunk's KV bytes, verified; None when the blob is gone. A corrupt or
+    def read_into(self, key: bytes, out: np.ndarray) -> int | None:
+        """Reads the chunk's KV bytes straight from its file into ``out``, verified;
+        returns their length, or None when the blob is gone. A corrupt, truncated or
         foreign record raises CacheError after being deleted."""
         try:
-            data = self._blobs.get(key.hex(), default=None, retry=True)
+            handle = self._blobs.get(key.hex(), default=None, read=True, retry=True)
         except Exception as exc:  # whatever a damaged file makes diskcache raise
             self.delete(key)
             raise CacheError(f"cannot read chunk {key.hex()}: {exc}") from exc
-        if data is None:
+        if handle is None:
             self._drop_row(key)
             return None
+        if isinstance(handle, bytes | bytearray):  # small records live inside SQLite
+            handle = io.BytesIO(handle)
         try:
-            return _codec.decode(data, self._fp, key)
-        except CacheError:
+            with handle:
+                header = _codec.read_header(handle.read(_codec.HEADER_BYTES))
+                return _codec.read_into(handle, header, self._fp, key, out)
+        except (CacheError, OSError) as exc:
             self.delete(key)
-            raise
+            if isinstance(exc, CacheError):
+                raise
+            raise CacheError(f"cannot read chunk {key.hex()}: {exc}") from exc
+
+    def get(self, key: bytes) -> bytes | None:
+        """The chunk's KV bytes (a copy); see read_into."""
+        row = self._index.execute("SELECT nbytes FROM chunks WHERE key = ?", (key,)).fetchone()
+        out = np.empty(row[0] if row else 1 << 26, dtype=np.uint8)
+        n = self.read_into(key, out)
+        return None if n is None else out[:n].tobytes()
 
     def delete(self, key: bytes) -> None:
         try:

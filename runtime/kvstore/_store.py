@@ -99,38 +99,51 @@ class TieredStore:
                 if hit.record.doomed:
                     self._forget(hit.record)
 
-    def read(self, record: Record) -> np.ndarray | bytes | None:
-        """The chunk's bytes from the fastest tier (a disk read is promoted to RAM when
-        there is room). None when the chunk is gone or proved corrupt (then dropped)."""
+    def read(self, record: Record) -> np.ndarray | None:
+        """The chunk's bytes from the fastest tier. A disk read lands straight in a free
+        pool slot when there is one (so reading it promotes it, with no extra copy).
+        None when the chunk is gone or proved corrupt (then it is dropped)."""
         with self._lock:
             if record.slot is not None and self.pool is not None:
                 return self.pool.view(record.slot, record.nbytes)
-        if self.disk is None or not record.on_disk:
-            return None
+            if self.disk is None or not record.on_disk:
+                return None
+            slot = self._alloc_slot() if self.pool is not None else None
+        assert self.disk is not None
+        if slot is not None and self.pool is not None:
+            buf = self.pool.view(slot)
+        else:
+            buf = np.empty(record.nbytes, dtype=np.uint8)
         try:
-            data = self.disk.get(record.key)
+            n = self.disk.read_into(record.key, buf)
         except CacheError as exc:
             log.warning("dropping chunk %s: %s", record.key.hex()[:12], exc)
             self.counters["corrupt"] += 1
-            self._forget(record)
-            return None
-        if data is None or len(data) != record.nbytes:
-            self._forget(record)
-            return None
-        self._promote(record, data)
-        return data
+            n = None
+        return self._land(record, slot, buf, n)
 
-    def _promote(self, record: Record, data: bytes) -> None:
+    def _land(
+        self, record: Record, slot: int | None, buf: np.ndarray, n: int | None
+    ) -> np.ndarray | None:
         with self._lock:
-            if self.pool is None or record.slot is not None:
-                return
-            slot = self._alloc_slot()
+            if n is None or n != record.nbytes:
+                self._release_slot(slot)
+                self._forget(record)
+                return None
             if slot is None:
-                return
-            self.pool.view(slot, len(data))[:] = np.frombuffer(data, dtype=np.uint8)
-            self.pool.set_length(slot, len(data))
+                return buf[:n]
+            assert self.pool is not None
+            if record.slot is not None:  # promoted meanwhile by another reader
+                self.pool.release(slot)
+                return self.pool.view(record.slot, n)
+            self.pool.set_length(slot, n)
             record.slot = slot
             record.promoted_at = self.ledger.clock()
+            return self.pool.view(slot, n)
+
+    def _release_slot(self, slot: int | None) -> None:
+        if slot is not None and self.pool is not None:
+            self.pool.release(slot)
 
     def chain(self, leaf: bytes) -> list[Record]:
         with self._lock:
