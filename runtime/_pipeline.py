@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PREFILL_STEP = 512  # tokens prefilled before yielding to other conversations
+TAIL_TOKENS = 2  # prompt tokens always decoded, never restored (see steps())
 CONTINUATION_SLACK = 16  # tokens a re-tokenized reply may differ by at its end
 
 
@@ -69,17 +70,20 @@ class Job:
             have = self._restore(res)
             yield
             t1 = time.perf_counter()
-            last = len(self.ids) - 1
+            last = self._tail_start()
             while have < last:
                 piece = self.ids[have : min(have + PREFILL_STEP, last)]
                 engine.decode(piece, res.seq, have, want_logits=False)
                 have += len(piece)
                 res.tokens = self.ids[:have]
                 yield
-            # The last prompt token is always decoded on its own, cold or restored: its
-            # logits then never depend on how much of the prompt came from the cache
-            # (a batch and a single-token decode round differently).
-            engine.decode([self.ids[last]], res.seq, last)
+            # The last TAIL_TOKENS prompt tokens are always decoded together, cold or
+            # restored: the first token's logits then never depend on how much of the
+            # prompt came from the cache (batches of different shapes round differently),
+            # and a two-token batch runs on every prefill thread without llama.cpp's
+            # single-query attention, which splits the KV by thread and so rounds
+            # differently with the number of cells other conversations hold.
+            engine.decode(self.ids[last:], res.seq, last)
             res.tokens = list(self.ids)
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
             if self.want_logits:  # the next-token distribution is the answer (tests, bench)
@@ -100,12 +104,15 @@ class Job:
             res.last_used = time.monotonic()
 
     # step 1: a sequence and the longest prefix we already have --------------------------
+    def _tail_start(self) -> int:
+        return max(len(self.ids) - TAIL_TOKENS, 0)
+
     def _claim(self) -> Resident:
         """A sequence for this request: the one holding this very conversation (it
         continues in place), else an idle one, which first gets the longest live prefix
         another sequence shares with this prompt (seq_cp: the cells are shared)."""
         engine = self.env.engine
-        limit = len(self.ids) - 1  # the last prompt token is always decoded, for its logits
+        limit = self._tail_start()  # the prompt's tail is always decoded, for its logits
         best, live = engine.best_resident(self.ids) if self.request.use_cache else (None, 0)
         live = min(live, limit)
         others = [r for r in engine.residents if not r.busy and r is not best]
@@ -146,7 +153,7 @@ class Job:
             )
             return have
         t = time.perf_counter()
-        hits = store.lookup(self.ids[: len(self.ids) - 1])
+        hits = store.lookup(self.ids[: self._tail_start()])
         bad: list[bytes] = []
         try:
             have = self._restore_hits(res, [h for h in hits if h.end > have], have, bad)

@@ -277,7 +277,8 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
     from runtime.models import ModelManager
 
     model = ModelManager(settings.models_dir).resolve(settings.model)
-    work = Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
+    keep = os.environ.get("WARMSTART_BENCH_DIR")  # keep the work files, to look at them
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
     try:
         ours_settings = _bench_settings(settings, work, model)
         system = system_prompt(n_rules)
@@ -300,7 +301,8 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
         lcp = _child("lcp", {**lcp_args, "populate": False})
         return summarize(ours, disk, lcp_cold, lcp, du(work / "ours" / "cache"), du(work / "lcp"))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def summarize(
@@ -323,6 +325,8 @@ def summarize(
         "ram_ttft_s": ours["ram"]["ttft_s"],
         "disk_ttft_s": disk["ttft_s"],
         "disk_restored_tokens": disk["report"]["restored"]["disk"],
+        "disk_restore_ms": disk["report"]["restore_ms"],
+        "disk_decode_ms": disk["report"]["prefill_ms"],
         "ram_restored_tokens": restored,
         "lcp_cold_ttft_s": lcp_cold["cold_ttft_s"],
         "lcp_ram_ttft_s": lcp["ram_ttft_s"],
@@ -355,7 +359,8 @@ def render(r: dict[str, Any]) -> str:
         f"  RAM hit               {vs_cold('ram_ttft_s')}"
         f"   ({r['ram_restored_tokens']} tokens restored in {r['restore_ms']:.1f} ms)",
         f"  disk, fresh process   {vs_cold('disk_ttft_s')}"
-        f"   ({r['disk_restored_tokens']} tokens from disk)",
+        f"   ({r['disk_restored_tokens']} tokens from disk in {r['disk_restore_ms']:.1f} ms, "
+        f"last token {r['disk_decode_ms']:.1f} ms)",
         "llama-cpp-python, same prompts:",
         f"  cold                  TTFT {r['lcp_cold_ttft_s']:8.3f} s",
         f"  LlamaRAMCache hit     TTFT {r['lcp_ram_ttft_s']:8.3f} s   "

@@ -51,9 +51,9 @@ def test_corrupt_or_truncated_record_is_dropped_and_recomputed(
     assert rt.store.stats()["corrupt"] >= 1
     np.testing.assert_array_equal(logits.argmax(), truth.argmax())
     np.testing.assert_allclose(logits, truth, atol=1e-3)
-    assert report.cached_tokens < report.prompt_tokens - 1  # not all of it came back
+    assert report.cached_tokens < report.prompt_tokens - 2  # not all of it came back
     _, again = rt.prompt_logits(chat(QUESTION))
-    assert again.cached_tokens == again.prompt_tokens - 1  # recomputed chunks were re-stored
+    assert again.cached_tokens == again.prompt_tokens - 2  # recomputed chunks were re-stored
 
 
 def test_record_with_a_foreign_fingerprint_is_dropped(make_runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -100,4 +100,4 @@ def test_blob_llama_cpp_refuses_is_dropped_and_recomputed(make_runtime, tmp_path
         db.execute("UPDATE chunks SET nbytes = ? WHERE key = ?", (len(q8_payload), header.key))
     _, logits, report = ask_fresh(make_runtime, tmp_path)
     np.testing.assert_allclose(logits, truth, atol=1e-3)
-    assert report.cached_tokens < report.prompt_tokens - 1
+    assert report.cached_tokens < report.prompt_tokens - 2

@@ -48,19 +48,19 @@ def test_live_ram_and_disk_hits_equal_recompute(make_runtime, tmp_path) -> None:
     rt.prompt_logits(req)  # cold: computes and captures
 
     live, report = rt.prompt_logits(req)
-    assert report.restored["live"] == report.prompt_tokens - 1
+    assert report.restored["live"] == report.prompt_tokens - 2
     assert_same(live, truth)
 
     rt.evict_live()
     ram, report = rt.prompt_logits(req)
-    assert report.restored["ram"] == report.prompt_tokens - 1, report.decision
+    assert report.restored["ram"] == report.prompt_tokens - 2, report.decision
     assert_same(ram, truth)
     rt.store.flush()
     rt.close()
 
     fresh = make_runtime()  # a new runtime: empty context, empty pool, same disk
     disk, report = fresh.prompt_logits(req)
-    assert report.restored["disk"] == report.prompt_tokens - 1, report.decision
+    assert report.restored["disk"] == report.prompt_tokens - 2, report.decision
     assert_same(disk, truth)
 
 
@@ -70,7 +70,7 @@ def test_partial_hit_same_system_prompt_other_question(make_runtime) -> None:  #
     rt.evict_live()
     other = chat(Q2)
     logits, report = rt.prompt_logits(other)
-    assert 0 < report.restored["ram"] < report.prompt_tokens - 1
+    assert 0 < report.restored["ram"] < report.prompt_tokens - 2
     assert_same(logits, recompute(rt, other))
 
 
@@ -97,7 +97,7 @@ def test_conversation_resumed_three_turns_later(make_runtime) -> None:  # type: 
     live, _ = rt.prompt_logits(resumed)
     rt.evict_live()
     logits, report = rt.prompt_logits(resumed)
-    assert report.restored["ram"] == report.prompt_tokens - 1, report
+    assert report.restored["ram"] == report.prompt_tokens - 2, report
     np.testing.assert_array_equal(logits, live)  # bit for bit what the live context had
     assert_close(logits, recompute(rt, resumed))
 
@@ -136,7 +136,7 @@ def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> 
         rt.evict_live()
         logits, report = rt.prompt_logits(req)
         if report.cached_tokens:
-            assert report.restored["ram"] == report.prompt_tokens - 1
+            assert report.restored["ram"] == report.prompt_tokens - 2
             np.testing.assert_array_equal(logits, live)
             # Gemma's kernels differ in the last bits between batch shapes even without
             # any cache (a live hit shows the same): compare to recompute as such
