@@ -18,7 +18,7 @@ import numpy as np
 from runtime.engine._engine import Engine, Resident
 from runtime.engine._text import TextAssembler
 from runtime.kvstore._keys import chunk_key, cut_points
-from runtime.kvstore._ledger import Hit
+from runtime.kvstore._ledger import Hit, Record
 from runtime.kvstore._store import TieredStore
 from runtime.policy import Rates, Tuning, decide_restore
 from runtime.streams import QueueStream
@@ -38,6 +38,7 @@ class Env:
     """What a job needs from the runtime (narrow on purpose)."""
 
     engine: Engine
+    staging: np.ndarray | None  # one chunk's worth of touched memory for disk reads
     store: TieredStore | None
     tuning: Tuning
     rates: Rates
@@ -60,6 +61,7 @@ class Job:
         self.logits: np.ndarray | None = None
         self.stream = stream
         self.report = Report(prompt_tokens=len(ids), session_id=session_id)
+        self.promotions: list[Record] = []  # disk chunks to bring into RAM after the reply
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
@@ -95,6 +97,8 @@ class Job:
             self.report.total_ms = 1000 * (time.perf_counter() - self.t0)
             self.stream.finish(self.report)
             yield
+            if self.env.store is not None and self.promotions:
+                self.env.store.promote(self.promotions)
             leaf = self._capture(res)
             self._save_session(leaf, len(res.tokens))
         finally:
@@ -187,7 +191,9 @@ class Job:
             return have
         start = have
         for hit, tier in zip(needed, tiers, strict=True):
-            blob = store.read(hit.record)
+            blob = store.read(hit.record, self.env.staging)
+            if tier == "disk":
+                self.promotions.append(hit.record)
             if blob is None or not engine.restore(
                 blob, res.seq, max(hit.record.start, have), hit.end
             ):

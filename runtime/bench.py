@@ -111,6 +111,13 @@ def _open(settings: Settings) -> Any:
     return open_runtime(settings, prewarm=False)
 
 
+def settle(rt: Any) -> None:
+    """Lets the last reply's capture and write-through finish: each case is timed in a
+    steady state, not while the previous one's bytes are still going to disk."""
+    rt.wait_idle()
+    rt.store.flush()
+
+
 def set_data_gbps(rt: Any) -> float:
     """The raw llama_state_seq_set_data rate on a whole-sequence blob of the live prompt."""
     import numpy as np
@@ -180,6 +187,7 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
     try:
         first = conversation(system, 0)
         cold = timed(rt, first)
+        settle(rt)
         live = timed(rt, first)
         rt.evict_live()
         ram = timed(rt, first)

@@ -103,7 +103,11 @@ class LocalRuntime:
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
         self.book = SessionBook(settings.data_dir / "sessions.db")
-        self.env = Env(self.engine, self.store, self.tuning, self.rates, self.book)
+        staging = None
+        if self.store is not None and self.store.pool is not None:
+            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM
+            staging = np.ones(self.store.pool.slot_bytes, dtype=np.uint8)
+        self.env = Env(self.engine, staging, self.store, self.tuning, self.rates, self.book)
         self.counters: collections.Counter[str] = collections.Counter()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Job] = collections.deque()

@@ -127,6 +127,10 @@ class Engine:
         size8 = self.ctx.state_size(self.scratch)
         self.decode(probe[8:16], self.scratch, 8, want_logits=False)
         size16 = self.ctx.state_size(self.scratch)
+        # the shapes every request uses (a two-token tail with logits, a one-token
+        # step) run once here, so a first request after start pays no warm-up
+        self.decode(probe[:2], self.scratch, 16)
+        self.decode(probe[:1], self.scratch, 18)
         self.ctx.seq_rm(self.scratch)
         per_token = (size16 - size8) // 8
         return per_token, size8 - 8 * per_token

@@ -99,18 +99,23 @@ class TieredStore:
                 if hit.record.doomed:
                     self._forget(hit.record)
 
-    def read(self, record: Record) -> np.ndarray | None:
-        """The chunk's bytes from the fastest tier. A disk read lands straight in a free
-        pool slot when there is one (so reading it promotes it, with no extra copy).
-        None when the chunk is gone or proved corrupt (then it is dropped)."""
+    def read(self, record: Record, staging: np.ndarray | None = None) -> np.ndarray | None:
+        """The chunk's bytes from the fastest tier. A disk read lands in ``staging`` when
+        given (memory already touched: the request path pays no page faults; promote()
+        later), else straight in a free pool slot (so reading it promotes it, with no
+        extra copy). None when the chunk is gone or proved corrupt (then dropped)."""
         with self._lock:
             if record.slot is not None and self.pool is not None:
                 return self.pool.view(record.slot, record.nbytes)
             if self.disk is None or not record.on_disk:
                 return None
-            slot = self._alloc_slot() if self.pool is not None else None
+            use_staging = staging is not None and staging.nbytes >= record.nbytes
+            slot = self._alloc_slot() if self.pool is not None and not use_staging else None
         assert self.disk is not None
-        if slot is not None and self.pool is not None:
+        buf: np.ndarray
+        if use_staging and staging is not None:
+            buf = staging
+        elif slot is not None and self.pool is not None:
             buf = self.pool.view(slot)
         else:
             buf = np.empty(record.nbytes, dtype=np.uint8)
@@ -140,6 +145,12 @@ class TieredStore:
             record.slot = slot
             record.promoted_at = self.ledger.clock()
             return self.pool.view(slot, n)
+
+    def promote(self, records: Sequence[Record]) -> None:
+        """Brings disk-only chunks into the pool (off the request path)."""
+        for record in records:
+            if record.slot is None and record.on_disk and record.key in self.ledger:
+                self.read(record)
 
     def _release_slot(self, slot: int | None) -> None:
         if slot is not None and self.pool is not None:
