@@ -213,9 +213,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from app import main as app_main  # type: ignore[attr-defined]
+    return run_app(list(args.app_args))
 
-    return int(app_main() or 0)
+
+def run_app(app_args: list[str]) -> int:
+    from app import main as app_main
+
+    return int(app_main(app_args[1:] if app_args[:1] == ["--"] else app_args) or 0)
 
 
 # the parser ----------------------------------------------------------------------------------
@@ -228,11 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(
-        name: str, fn: Callable[[argparse.Namespace], int], help: str
+        name: str, fn: Callable[[argparse.Namespace], int], help: str, settings: bool = True
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(fn=fn)
-        add_settings_flags(p)
+        if settings:
+            add_settings_flags(p)
         return p
 
     def sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -266,11 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", cmd_doctor, "print the machine, its measurements and the thresholds chosen"
     )
     p.add_argument("--json", action="store_true")
-    command("app", cmd_app, "open the desktop app")
+    # the app has options of its own (see `warmstart app -- --help`); it is a client of
+    # the HTTP API, so the runtime's settings reach it through the server it starts
+    p = command("app", cmd_app, "open the desktop app", settings=False)
+    p.add_argument("app_args", nargs=argparse.REMAINDER, help="options for the app")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["app"] and argv[1:2] not in (["-h"], ["--help"]):
+        return run_app(argv[1:])  # every option after `app` is the app's own
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

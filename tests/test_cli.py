@@ -115,3 +115,12 @@ def test_bad_setting_is_a_clear_error(cli) -> None:  # type: ignore[no-untyped-d
     assert proc.returncode == 2 and "zstd_level" in proc.stderr
     proc = cli("ask", "hi", "--model", "/nonexistent.gguf", check=False)
     assert proc.returncode == 2 and "no model" in proc.stderr
+
+
+def test_app_options_reach_the_app(capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["app", "--theme", "dark", "--help"])
+    assert exit_info.value.code == 0
+    assert "--server URL" in capsys.readouterr().out  # the app's own parser answered
