@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Header, Request
@@ -71,6 +71,23 @@ async def _reply(
     return JSONResponse(shape.whole(text, report))
 
 
+async def _answer(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    session: str | None,
+    kind: Literal["chat", "completion"],
+) -> Response:
+    """Both routes: check the model, size max_tokens, then reply."""
+    st = state(request)
+    st.check_model(body.model)
+    draft = body.to_request(session, 1)
+    limit = await _max_tokens(st, body.requested_max_tokens(), draft)
+    req = body.to_request(session, limit)
+    return await _reply(
+        request, st, req, Shape(kind, st.runtime.model_id), body.stream, body.include_usage
+    )
+
+
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -90,25 +107,13 @@ def build_router() -> APIRouter:
         body: ChatCompletionRequest, request: Request, x_warmstart_session: SessionHeader = None
     ) -> Response:
         """A chat reply, whole or streamed (SSE), with usage and x_warmstart."""
-        st = state(request)
-        st.check_model(body.model)
-        draft = body.to_request(x_warmstart_session, 1)
-        limit = await _max_tokens(st, body.requested_max_tokens(), draft)
-        req = body.to_request(x_warmstart_session, limit)
-        shape = Shape("chat", st.runtime.model_id)
-        return await _reply(request, st, req, shape, body.stream, body.include_usage)
+        return await _answer(request, body, x_warmstart_session, "chat")
 
     @router.post("/completions", responses=ERRORS)
     async def completions(
         body: CompletionRequest, request: Request, x_warmstart_session: SessionHeader = None
     ) -> Response:
         """A raw text completion of ``prompt`` (no chat template), whole or streamed."""
-        st = state(request)
-        st.check_model(body.model)
-        draft = body.to_request(x_warmstart_session, 1)
-        limit = await _max_tokens(st, body.requested_max_tokens(), draft)
-        req = body.to_request(x_warmstart_session, limit)
-        shape = Shape("completion", st.runtime.model_id)
-        return await _reply(request, st, req, shape, body.stream, body.include_usage)
+        return await _answer(request, body, x_warmstart_session, "completion")
 
     return router

@@ -61,8 +61,8 @@ def is_fake(server_cmd: list[str]) -> bool:
     return "--fake" in server_cmd
 
 
-def _wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _wait_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited early:\n{server.log()}")
@@ -70,32 +70,40 @@ def _wait_healthy(server: Server) -> None:
             if httpx.get(server.base_url + "/health", timeout=1.0).status_code == 200:
                 return
         time.sleep(0.1)
-    raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{server.log()}")
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{server.log()}")
 
 
 @contextlib.contextmanager
-def run_server(cmd: list[str], *args: str, fake_args: tuple[str, ...] = ()) -> Iterator[Server]:
-    """Starts a server on a free loopback port, waits for /health, stops it after."""
+def run_server(
+    cmd: list[str],
+    *args: str,
+    fake_args: tuple[str, ...] = (),
+    start_timeout_s: float = START_TIMEOUT_S,
+    log_dir: Path | None = None,
+) -> Iterator[Server]:
+    """Starts a server on a free loopback port, waits for /health, stops it after.
+    Its output goes to ``server.log`` in ``log_dir`` (default: a temporary one)."""
     port = free_port()
     argv = [*cmd, "--port", str(port), *args]
     if "--fake" in cmd:
         argv += fake_args
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "server.log"
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
-            server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    with contextlib.ExitStack() as stack:
+        where = log_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        log_path = where / "server.log"
+        log_file = stack.enter_context(log_path.open("wb"))
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
+        server = Server(f"http://127.0.0.1:{port}", process, log_path)
+        try:
+            _wait_healthy(server, start_timeout_s)
+            yield server
+        finally:
+            process.terminate()
             try:
-                _wait_healthy(server)
-                yield server
-            finally:
-                process.terminate()
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,9 @@ prompts are short except where a difference in TTFT must be clear.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import Server, free_port
+from tests.api.conftest import Server, run_server
 
 pytestmark = pytest.mark.slow
 
@@ -60,38 +57,12 @@ def real_server(model: Path, data_dir: Path, *args: str) -> Iterator[Server]:
     Any traceback or error in its log fails the test that owns it: the API hides
     a failure that happens after the reply (capturing chunks, saving the session)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    argv = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
-    argv += ["--data-dir", str(data_dir), "--model", str(model), *SETTINGS, *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log_path = data_dir / "server.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
-        server = Server(f"http://127.0.0.1:{port}", process, log_path)
-        try:
-            _wait_healthy(server)
-            yield server
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    cmd = [sys.executable, "-m", "runtime.cli", "serve"]
+    cmd += ["--data-dir", str(data_dir), "--model", str(model), *SETTINGS]
+    with run_server(cmd, *args, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir) as server:
+        yield server
     log = server.log()
     assert "Traceback" not in log and "ERROR" not in log, log
-
-
-def _wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{server.log()}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(server.base_url + "/health", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{server.log()}")
 
 
 @pytest.fixture(scope="module")
