@@ -95,6 +95,9 @@ class Job:
                 sampler = engine.sampler(self.request.sampling)
                 yield from self._generate(res, sampler)
             self.report.total_ms = 1000 * (time.perf_counter() - self.t0)
+            # the conversation is listed before its client hears Done; its chunks'
+            # key follows once they are captured
+            self._save_session(None, len(res.tokens))
             self.stream.finish(self.report)
             yield
             if self.env.store is not None and self.promotions:
@@ -286,4 +289,5 @@ class Job:
         messages = self.request.messages
         if getattr(self, "reply", None) is not None:
             messages = (*messages, Message("assistant", self.reply))
-        book.save(sid, messages, n_tokens, self.env.engine.fingerprint, leaf)
+        fingerprint = self.env.engine.fingerprint if leaf is not None else None
+        book.save(sid, messages, n_tokens, fingerprint, leaf)

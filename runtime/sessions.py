@@ -94,6 +94,7 @@ class SessionBook:
         fingerprint: str | None,
         leaf: bytes | None,
     ) -> None:
+        """Creates or updates a session; a None ``leaf`` keeps the one it had."""
         now = time.time()
         payload = json.dumps([{"role": m.role, "content": m.content} for m in messages])
         with self._lock:
@@ -101,7 +102,8 @@ class SessionBook:
                 "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
                 " messages) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "updated=excluded.updated, n_tokens=excluded.n_tokens, "
-                "fingerprint=excluded.fingerprint, leaf=excluded.leaf, messages=excluded.messages",
+                "fingerprint=COALESCE(excluded.fingerprint, fingerprint), "
+                "leaf=COALESCE(excluded.leaf, leaf), messages=excluded.messages",
                 (session_id, title_of(messages), now, now, n_tokens, fingerprint, leaf, payload),
             )
 

@@ -23,7 +23,7 @@ from runtime.engine._sampling import Sampler
 from runtime.engine._template import ChatTemplate
 from runtime.errors import EngineError
 from runtime.kvstore._keys import common_prefix
-from runtime.types import Message, Request, Sampling
+from runtime.types import Request, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,6 @@ class Engine:
     def template_bos(self) -> str:
         return self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
 
-    def render_messages(self, messages: Sequence[Message]) -> str:
-        return self.template.render(messages, add_generation_prompt=True)
-
     # residents --------------------------------------------------------------------
     def best_resident(self, ids: Sequence[int]) -> tuple[Resident | None, int]:
         best, best_len = None, 0
@@ -173,15 +170,6 @@ class Engine:
             if n > best_len:
                 best, best_len = res, n
         return best, best_len
-
-    def free_resident(self) -> Resident | None:
-        """An empty resident, else the least recently used idle one, emptied."""
-        idle = [r for r in self.residents if not r.busy]
-        if not idle:
-            return None
-        res = min(idle, key=lambda r: (bool(r.tokens), r.last_used))
-        self.evict(res)
-        return res
 
     def evict(self, res: Resident) -> None:
         if res.tokens:
@@ -212,13 +200,6 @@ class Engine:
             if size > out.nbytes:
                 raise EngineError(f"chunk of {size} bytes does not fit {out.nbytes}")
             return self.ctx.state_get_into(self.scratch, out)
-        finally:
-            self.ctx.seq_rm(self.scratch)
-
-    def chunk_size(self, seq: int, c0: int, c1: int) -> int:
-        self.ctx.seq_cp(seq, self.scratch, c0, c1)
-        try:
-            return self.ctx.state_size(self.scratch)
         finally:
             self.ctx.seq_rm(self.scratch)
 

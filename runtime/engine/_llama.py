@@ -247,11 +247,3 @@ class LlamaContext:
 
 def llama_version() -> str:
     return str(llama_cpp.__version__)
-
-
-def system_info() -> str:
-    return ll.llama_print_system_info().decode("utf-8", "replace")
-
-
-def supports_gpu_offload() -> bool:
-    return bool(ll.llama_supports_gpu_offload())

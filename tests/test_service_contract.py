@@ -1,0 +1,83 @@
+"""Every Runtime (runtime/service.py) keeps the same contract: the real one on the
+default model, and the fake that ships with the library for the layers above."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import ContextOverflow, RequestError
+from runtime.service import Runtime
+from runtime.types import Done, Message, Request, Sampling, Token
+
+
+@pytest.fixture(params=["fake", "local"])
+def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
+    if request.param == "fake":
+        from runtime.fake import FakeRuntime
+
+        rt: Runtime = FakeRuntime(n_ctx=512)
+    else:
+        from runtime.core import LocalRuntime
+        from tests.conftest import small_settings
+
+        model = request.getfixturevalue("model_path")
+        rt = LocalRuntime(small_settings(tmp_path, model, n_ctx=512))
+    yield rt
+    rt.close()
+    rt.close()  # idempotent
+
+
+def ask(text: str, session: str | None = None, max_tokens: int = 6) -> Request:
+    messages = (Message("system", "Be brief."), Message("user", text))
+    return Request(messages=messages, sampling=Sampling(max_tokens=max_tokens), session_id=session)
+
+
+def test_a_stream_is_tokens_then_one_done(runtime: Runtime) -> None:
+    assert isinstance(runtime, Runtime)
+    events = list(runtime.generate(ask("Say hello.")))
+    assert events and all(isinstance(e, Token) for e in events[:-1])
+    done = events[-1]
+    assert isinstance(done, Done)
+    assert done.report.prompt_tokens == runtime.count_tokens(ask("Say hello."))
+    assert 0 < done.report.completion_tokens <= 6
+    assert done.report.finish_reason in ("stop", "length")
+
+
+def test_bad_requests_fail_before_any_work(runtime: Runtime) -> None:
+    with pytest.raises(RequestError):
+        runtime.generate(Request(messages=()))
+    with pytest.raises(RequestError):
+        runtime.generate(Request(messages=ask("x").messages, sampling=Sampling(max_tokens=0)))
+    with pytest.raises(ContextOverflow):
+        runtime.generate(ask("word " * 2000))
+
+
+def test_cancel_ends_the_stream(runtime: Runtime) -> None:
+    stream = runtime.generate(ask("Count from one to one hundred.", max_tokens=200))
+    stream.cancel()
+    done = [e for e in stream if isinstance(e, Done)]
+    assert len(done) == 1 and done[0].report.completion_tokens < 200
+
+
+def test_sessions_prewarm_delete_stats_settings(runtime: Runtime) -> None:
+    runtime.generate(ask("First question.", session="one")).text()  # type: ignore[attr-defined]
+    runtime.generate(ask("Second question.", session="two")).text()  # type: ignore[attr-defined]
+    ids = [s.id for s in runtime.sessions()]
+    assert ids[:2] == ["two", "one"]  # newest first
+    info = runtime.session("one")
+    assert info is not None and info.location in ("live", "ram", "disk", "none")
+    assert runtime.session("nope") is None
+    assert runtime.prewarm("nope") == 0
+    assert runtime.delete_session("one") is True
+    assert runtime.delete_session("one") is False
+    stats = runtime.stats()
+    for key in ("requests", "hits", "misses", "evictions", "tiers", "queue"):
+        assert key in stats
+    json.dumps(stats)
+    report = runtime.settings_report()
+    json.dumps(report)
+    assert all({"value", "reason"} <= set(v) for v in report.values())
