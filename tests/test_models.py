@@ -1,0 +1,70 @@
+"""The model manager: the embedded default model, local paths, hub references."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import ModelError, ModelNotFound
+from runtime.models import DEFAULT, DigestCache, ModelManager, file_sha256
+
+
+def test_default_model_is_pulled_once_and_verified(model_path: Path) -> None:
+    assert model_path.stat().st_size == DEFAULT.size
+    assert file_sha256(model_path) == DEFAULT.sha256
+    manager = ModelManager(model_path.parent)
+    assert manager.pull("default") == model_path  # kept: no second download
+    assert manager.resolve("default") == model_path
+    assert [m["name"] for m in manager.list()] == ["default"]
+
+
+def test_local_paths_and_bad_files(tmp_path: Path, model_path: Path) -> None:
+    manager = ModelManager(tmp_path / "models")
+    assert manager.resolve(str(model_path)) == model_path
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("hello")
+    with pytest.raises(ModelError, match="not a GGUF"):
+        manager.resolve(str(not_gguf))
+    with pytest.raises(ModelNotFound):
+        manager.resolve(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFound, match="not pulled"):
+        manager.resolve("default", auto_pull=False)
+
+
+def test_hub_reference(tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = ModelManager(tmp_path)
+    with pytest.raises(ModelNotFound, match="OWNER/REPO/FILE"):
+        manager.resolve("hf:just-a-name")
+    calls = []
+
+    def fake_download(repo: str, filename: str, cache_dir: str) -> str:
+        calls.append((repo, filename, cache_dir))
+        return str(model_path)
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=fake_download)
+    )
+    assert manager.resolve("hf:someone/some-repo/model.Q4.gguf") == model_path
+    assert calls == [("someone/some-repo", "model.Q4.gguf", str(tmp_path / "hf"))]
+
+    def offline(*_a: object, **_k: object) -> str:
+        raise OSError("no network")
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=offline)
+    )
+    with pytest.raises(ModelError, match="could not fetch"):
+        manager.resolve("hf:someone/some-repo/model.Q4.gguf")
+
+
+def test_digest_cache_hashes_once(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    cache = DigestCache(tmp_path / "digests.json")
+    first = cache.digest(model)
+    assert first == file_sha256(model)
+    model.write_bytes(b"GGUF" + bytes(101))  # another size: hashed again
+    assert cache.digest(model) != first
