@@ -274,7 +274,7 @@ class LocalRuntime:
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
-        return self.store.prewarm(self.store.chain(row.leaf))
+        return self.store.promote(self.store.chain(row.leaf), make_room=False)
 
     def prewarm_recent(self, n: int) -> int:
         """Promotes the most recent conversations to RAM (run off the request path)."""

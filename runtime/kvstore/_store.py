@@ -146,12 +146,6 @@ class TieredStore:
             record.promoted_at = self.ledger.clock()
             return self.pool.view(slot, n)
 
-    def promote(self, records: Sequence[Record]) -> None:
-        """Brings disk-only chunks into the pool (off the request path)."""
-        for record in records:
-            if record.slot is None and record.on_disk and record.key in self.ledger:
-                self.read(record)
-
     def _release_slot(self, slot: int | None) -> None:
         if slot is not None and self.pool is not None:
             self.pool.release(slot)
@@ -268,15 +262,18 @@ class TieredStore:
                 n += 1
         return n
 
-    def prewarm(self, records: Sequence[Record]) -> int:
-        """Promotes disk-only chunks to RAM while there is room; returns tokens promoted."""
+    def promote(self, records: Sequence[Record], make_room: bool = True) -> int:
+        """Brings disk-only chunks into the pool (off the request path); returns tokens
+        promoted. Without ``make_room`` (prewarm) it stops at the high watermark rather
+        than demote chunks that are warm for a reason."""
         tokens = 0
         for record in records:
-            if record.slot is None and record.on_disk:
-                if self.pool is None or (self.pool.fill() >= self.high):
-                    break
-                if self.read(record) is not None and record.slot is not None:
-                    tokens += len(record.tokens)
+            if record.slot is not None or not record.on_disk or record.key not in self.ledger:
+                continue
+            if self.pool is None or (not make_room and self.pool.fill() >= self.high):
+                break
+            if self.read(record) is not None and record.slot is not None:
+                tokens += len(record.tokens)
         return tokens
 
     # the writer ----------------------------------------------------------------
