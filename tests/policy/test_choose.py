@@ -264,3 +264,16 @@ def test_all_is_true() -> None:
         n for n in dir(policy) if not n.startswith("_") and n != "annotations"
     )
     assert all(hasattr(policy, n) for n in policy.__all__)
+
+
+@pytest.mark.parametrize("model", [SMOLLM_135M, LLAMA_8B], ids=["smollm", "llama8b"])
+def test_cpu_live_context_is_capped_and_the_pool_takes_the_rest(model: Any) -> None:
+    from runtime.policy._choose import CPU_LIVE_KV_BYTES
+
+    laptop = MACHINES["laptop"]
+    t = choose(laptop, calibration_for(laptop), model, load_settings())
+    live = t.n_ctx * (t.resident_sequences + 1) * model.kv_bytes_per_token
+    assert live <= CPU_LIVE_KV_BYTES and "CPU inference" in t.reasons["n_ctx"]
+    assert t.ram_pool_bytes > live
+    gpu = choose(RTX4090, calibration_for(RTX4090), model, load_settings())
+    assert "CPU inference" not in gpu.reasons["n_ctx"]
