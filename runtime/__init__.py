@@ -1,0 +1,62 @@
+"""warmstart's runtime: a local model that never prefills the same prefix twice.
+
+The public surface is what ``__all__`` names. ``open_runtime`` (the real model) is
+imported on first use, so the light parts (types, settings, the fake) load without
+llama.cpp.
+"""
+
+from typing import Any
+
+from runtime.errors import (
+    Busy,
+    CacheError,
+    Cancelled,
+    ConfigError,
+    ContextOverflow,
+    DiskFull,
+    EngineError,
+    ModelError,
+    ModelNotFound,
+    RequestError,
+    WarmstartError,
+)
+from runtime.service import Runtime
+from runtime.settings import Settings, load_settings
+from runtime.types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
+
+__all__ = [
+    "Busy",
+    "CacheError",
+    "Cancelled",
+    "ConfigError",
+    "ContextOverflow",
+    "DiskFull",
+    "Done",
+    "EngineError",
+    "FakeRuntime",
+    "Message",
+    "ModelError",
+    "ModelNotFound",
+    "Report",
+    "Request",
+    "RequestError",
+    "Runtime",
+    "Sampling",
+    "SessionInfo",
+    "Settings",
+    "Stream",
+    "Token",
+    "WarmstartError",
+    "load_settings",
+    "open_runtime",
+]
+
+_LAZY = {"open_runtime": "runtime.factory", "FakeRuntime": "runtime.fake"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
