@@ -214,6 +214,7 @@ class Job:
             # a gap or overlap in positions: the restored state cannot be trusted
             log.warning("restored positions do not line up; recomputing the whole prompt")
             engine.ctx.seq_rm(res.seq)
+            res.tokens = []
             self.report.restored = dict.fromkeys(self.report.restored, 0)
             self.report.decision = "restore inconsistent: recomputed"
             return 0
