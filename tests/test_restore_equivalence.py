@@ -143,3 +143,41 @@ def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> 
             assert_close(logits, truth)
         else:
             assert report.decision  # recomputed, and it says why
+
+
+FRESH = """
+import sys
+from pathlib import Path
+import numpy as np
+from runtime.core import LocalRuntime
+from tests.conftest import chat, small_settings
+rt = LocalRuntime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
+logits, report = rt.prompt_logits(chat(sys.argv[3]))
+assert report.restored["disk"] == report.prompt_tokens - 2, report
+np.save(sys.argv[4], logits)
+rt.close()
+"""
+
+
+def test_disk_hit_in_a_fresh_process_equals_recompute(make_runtime, tmp_path, model_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rt = make_runtime()
+    truth = recompute(rt, chat(Q2))
+    rt.prompt_logits(chat(Q2))
+    rt.wait_idle()
+    rt.store.flush()
+    out = tmp_path / "fresh.npy"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run(
+        [sys.executable, "-c", FRESH, str(tmp_path), str(model_path), Q2, str(out)],
+        check=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
+    assert_same(np.load(out), truth)
