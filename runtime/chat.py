@@ -22,9 +22,10 @@ class ChatLoop:
         temperature: float,
         print_reply: Callable[[Any], Any],
         read: Callable[[str], str] = input,
+        seed: int | None = None,
     ) -> None:
         self.rt, self.system = rt, system
-        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens)
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed)
         self.print_reply, self.read = print_reply, read
         self.session_id = session_id or new_session_id()
         self.messages: list[Message] = []

@@ -9,10 +9,13 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.errors import WarmstartError
 from runtime.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from runtime.core import LocalRuntime
 
 log = logging.getLogger("warmstart")
 
@@ -56,7 +59,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 # commands ------------------------------------------------------------------------------------
-def _open_runtime(settings: Settings):  # type: ignore[no-untyped-def]
+def _open_runtime(settings: Settings) -> LocalRuntime:
     from runtime.factory import open_runtime
 
     return open_runtime(settings, progress=lambda msg: print(msg, file=sys.stderr))
@@ -82,8 +85,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     messages: list[Message] = [Message("system", args.system)] if args.system else []
-    rt = _open_runtime(settings)
-    try:
+    with _open_runtime(settings) as rt:
         if args.session:
             info = rt.session(args.session)
             if info is not None:
@@ -102,8 +104,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 )
             )
         )
-    finally:
-        rt.close()
     return 0
 
 
@@ -111,8 +111,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from runtime.chat import ChatLoop
 
     settings = settings_from(args)
-    rt = _open_runtime(settings)
-    try:
+    with _open_runtime(settings) as rt:
         return ChatLoop(
             rt,
             args.session,
@@ -120,9 +119,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             args.max_tokens,
             args.temperature,
             print_reply=_print_reply,
+            seed=args.seed,
         ).run()
-    finally:
-        rt.close()
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -142,11 +140,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             for m in found.messages:
                 print(f"{m.role}: {m.content}\n")
         elif args.action == "delete":
-            rt = _open_runtime(settings)
-            try:
+            with _open_runtime(settings) as rt:
                 ok = rt.delete_session(args.id or "")
-            finally:
-                rt.close()
             print("deleted" if ok else f"no session {args.id}")
             return 0 if ok else 1
     finally:
@@ -156,16 +151,13 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    rt = _open_runtime(settings)
-    try:
+    with _open_runtime(settings) as rt:
         if args.action == "clear":
             if rt.store is not None:
                 rt.store.clear()
             print("cache cleared")
         else:
             print(json.dumps(rt.stats(), indent=2))
-    finally:
-        rt.close()
     return 0
 
 
@@ -186,11 +178,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from runtime.api import serve
 
     settings = settings_from(args)
-    rt = _open_runtime(settings)
-    try:
+    with _open_runtime(settings) as rt:
         serve(settings, rt)
-    finally:
-        rt.close()
     return 0
 
 

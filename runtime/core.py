@@ -347,7 +347,7 @@ class LocalRuntime:
                 "active": sum(1 for r in self.engine.residents if r.busy),
                 "max_queue": self.settings.max_queue,
             },
-            sessions=len(self.book.list()),
+            sessions=self.book.count(),
         )
         return out
 

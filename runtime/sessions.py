@@ -86,6 +86,10 @@ class SessionBook:
             ).fetchall()
         return [self._row(r) for r in rows]
 
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+
     def save(
         self,
         session_id: str,

@@ -102,9 +102,10 @@ class Engine:
         )
         self.scratch = config.resident_sequences
         self.residents = [Resident(seq) for seq in range(config.resident_sequences)]
+        self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
         self.template = ChatTemplate(
             self.model.chat_template(),
-            self.model.token_text(self.model.bos) if self.model.bos >= 0 else "",
+            self.bos_text,
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
         self.fingerprint = fingerprint_of(
@@ -153,12 +154,8 @@ class Engine:
         return ids, anchor
 
     def _tokenize(self, text: str) -> list[int]:
-        bos_text = self.template_bos()
-        add = self.model.add_bos and not (bos_text and text.startswith(bos_text))
+        add = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.model.tokenize(text, add_special=add, parse_special=True)
-
-    def template_bos(self) -> str:
-        return self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
 
     # residents --------------------------------------------------------------------
     def best_resident(self, ids: Sequence[int]) -> tuple[Resident | None, int]:

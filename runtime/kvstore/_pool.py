@@ -53,6 +53,10 @@ class RamPool:
     def used_bytes(self) -> int:
         return sum(self._lengths.values())
 
+    @property
+    def has_free(self) -> bool:
+        return bool(self._free)
+
     def fill(self) -> float:
         return self.used_slots / self.n_slots if self.n_slots else 1.0
 

@@ -216,7 +216,7 @@ class TieredStore:
     # room and forgetting -----------------------------------------------------
     def _alloc_slot(self) -> int | None:
         assert self.pool is not None
-        if self.pool.fill() >= self.high or not self.pool._free:
+        if self.pool.fill() >= self.high or not self.pool.has_free:
             self._demote(target=self.low)
         return self.pool.alloc()
 
@@ -226,7 +226,7 @@ class TieredStore:
         write and stays; with no disk tier, leaving RAM means eviction."""
         assert self.pool is not None
         for record in self.ledger.demotion_order(self.min_residency_s):
-            if self.pool.fill() <= target and self.pool._free:
+            if self.pool.fill() <= target and self.pool.has_free:
                 break
             if record.slot is None:
                 continue
