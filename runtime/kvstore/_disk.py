@@ -168,7 +168,8 @@ class DiskTier:
 
     def get(self, key: bytes) -> bytes | None:
         """The chunk's KV bytes (a copy); see read_into."""
-        row = self._index.execute("SELECT nbytes FROM chunks WHERE key = ?", (key,)).fetchone()
+        with self._lock:
+            row = self._index.execute("SELECT nbytes FROM chunks WHERE key = ?", (key,)).fetchone()
         out = np.empty(row[0] if row else 1 << 26, dtype=np.uint8)
         n = self.read_into(key, out)
         return None if n is None else out[:n].tobytes()
@@ -183,9 +184,6 @@ class DiskTier:
     def _drop_row(self, key: bytes) -> None:
         with self._lock:
             self._index.execute("DELETE FROM chunks WHERE key = ?", (key,))
-
-    def has_blob(self, key: bytes) -> bool:
-        return key.hex() in self._blobs
 
     def volume(self) -> int:
         return int(self._blobs.volume())
