@@ -17,6 +17,6 @@ def main(argv: list[str] | None = None) -> int:
     ``sys.argv``: all of it after ``python -m app``, what follows the ``app``
     subcommand after ``warmstart [...] app``.
     """
-    from app.qt.main import run
+    from .qt.main import run
 
     return run(argv)

@@ -7,7 +7,7 @@ llama.cpp.
 
 from typing import Any
 
-from runtime.errors import (
+from .errors import (
     Busy,
     CacheError,
     Cancelled,
@@ -20,9 +20,9 @@ from runtime.errors import (
     RequestError,
     WarmstartError,
 )
-from runtime.service import Runtime
-from runtime.settings import Settings, load_settings
-from runtime.types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
+from .service import Runtime
+from .settings import Settings, load_settings
+from .types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
 
 __all__ = [
     "Busy",
@@ -51,12 +51,12 @@ __all__ = [
     "open_runtime",
 ]
 
-_LAZY = {"open_runtime": "runtime.factory", "FakeRuntime": "runtime.fake"}
+_LAZY = {"open_runtime": ".factory", "FakeRuntime": ".fake"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.engine._engine import Engine, Resident
-from runtime.engine._text import TextAssembler
-from runtime.kvstore._keys import chunk_key, cut_points
-from runtime.kvstore._ledger import Hit, Record
-from runtime.kvstore._store import TieredStore
-from runtime.policy import Rates, Tuning, decide_restore
-from runtime.streams import QueueStream
-from runtime.types import Message, Report, Request
+from .engine._engine import Engine, Resident
+from .engine._text import TextAssembler
+from .kvstore._keys import chunk_key, cut_points
+from .kvstore._ledger import Hit, Record
+from .kvstore._store import TieredStore
+from .policy import Rates, Tuning, decide_restore
+from .streams import QueueStream
+from .types import Message, Report, Request
 
 if TYPE_CHECKING:
-    from runtime.sessions import SessionBook
+    from .sessions import SessionBook
 
 log = logging.getLogger(__name__)
 PREFILL_STEP = 512  # tokens prefilled before yielding to other conversations

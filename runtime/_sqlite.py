@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from runtime.errors import CacheError
+from .errors import CacheError
 
 Migration = tuple[str, str]  # (name, SQL script); never edit one that has shipped
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.settings import Settings, load_settings
-from runtime.types import Message, Request, Sampling, Token
+from .settings import Settings, load_settings
+from .types import Message, Request, Sampling, Token
 
 QUESTIONS = [
     "Which rule covers late deliveries?",
@@ -106,7 +106,7 @@ def du(path: Path) -> int:
 
 # ours --------------------------------------------------------------------------------------
 def _open(settings: Settings) -> Any:
-    from runtime.factory import open_runtime
+    from .factory import open_runtime
 
     return open_runtime(settings, prewarm=False)
 
@@ -142,7 +142,7 @@ def set_data_gbps(rt: Any) -> float:
 def threshold_check(rt: Any) -> dict[str, Any]:
     """Restore vs recompute at the chosen swap-in threshold (and around it), and what
     the runtime decides just below it."""
-    from runtime.policy import decide_restore
+    from .policy import decide_restore
 
     eng, t = rt.engine, rt.tuning
 
@@ -260,7 +260,7 @@ def child_lcp(
 def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.bench", "--child", kind, json.dumps(payload)],
+        [sys.executable, "-m", f"{__package__}.bench", "--child", kind, json.dumps(payload)],
         capture_output=True,
         text=True,
         env=env,
@@ -281,8 +281,8 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
 
 
 def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
-    from runtime.engine._template import ChatTemplate
-    from runtime.models import ModelManager
+    from .engine._template import ChatTemplate
+    from .models import ModelManager
 
     model = ModelManager(settings.models_dir).resolve(settings.model)
     keep = os.environ.get("WARMSTART_BENCH_DIR")  # keep the work files, to look at them
@@ -292,7 +292,7 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
         system = system_prompt(n_rules)
         ours = run_ours(ours_settings, system, n_conv)
         disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
-        from runtime.engine._llama import LlamaModel
+        from .engine._llama import LlamaModel
 
         lm = LlamaModel(model)
         template = ChatTemplate(lm.chat_template(), "", "")

@@ -6,8 +6,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from runtime.sessions import new_session_id
-from runtime.types import Message, Request, Sampling
+from .sessions import new_session_id
+from .types import Message, Request, Sampling
 
 HELP = "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves"
 
@@ -85,7 +85,7 @@ class ChatLoop:
         reply: list[str] = []
 
         def tee(stream: Any) -> Any:
-            from runtime.types import Token
+            from .types import Token
 
             class Tee:
                 def __iter__(self_inner):  # type: ignore[no-untyped-def]

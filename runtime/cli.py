@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
 import sys
@@ -11,11 +13,11 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runtime.errors import WarmstartError
-from runtime.settings import Settings, load_settings
+from .errors import WarmstartError
+from .settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from runtime.core import LocalRuntime
+    from .core import LocalRuntime
 
 log = logging.getLogger("warmstart")
 
@@ -60,13 +62,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 # commands ------------------------------------------------------------------------------------
 def _open_runtime(settings: Settings) -> LocalRuntime:
-    from runtime.factory import open_runtime
+    from .factory import open_runtime
 
     return open_runtime(settings, progress=lambda msg: print(msg, file=sys.stderr))
 
 
 def _print_reply(stream: Any) -> Any:
-    from runtime.types import Done, Token
+    from .types import Done, Token
 
     report = None
     for event in stream:
@@ -81,7 +83,7 @@ def _print_reply(stream: Any) -> Any:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from runtime.types import Message, Request, Sampling
+    from .types import Message, Request, Sampling
 
     settings = settings_from(args)
     messages: list[Message] = [Message("system", args.system)] if args.system else []
@@ -108,7 +110,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from runtime.chat import ChatLoop
+    from .chat import ChatLoop
 
     settings = settings_from(args)
     with _open_runtime(settings) as rt:
@@ -124,7 +126,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from runtime.sessions import SessionBook
+    from .sessions import SessionBook
 
     settings = settings_from(args)
     book = SessionBook(settings.data_dir / "sessions.db")
@@ -162,7 +164,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from runtime.models import ModelManager
+    from .models import ModelManager
 
     settings = settings_from(args)
     mm = ModelManager(settings.models_dir)
@@ -175,7 +177,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from runtime.api import serve
+    from .api import serve
 
     settings = settings_from(args)
     with _open_runtime(settings) as rt:
@@ -184,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from runtime.bench import run_bench
+    from .bench import run_bench
 
     return run_bench(
         settings_from(args),
@@ -196,7 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from runtime.factory import doctor
+    from .factory import doctor
 
     return doctor(settings_from(args), as_json=args.json)
 
@@ -206,9 +208,16 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 
 def run_app(app_args: list[str]) -> int:
-    from app import main as app_main
-
-    return int(app_main(app_args[1:] if app_args[:1] == ["--"] else app_args) or 0)
+    if importlib.util.find_spec("PySide6") is None:
+        print(
+            "warmstart: the desktop app needs PySide6, which this installation lacks; "
+            "install it with: pip install 'warmstart[app]'",
+            file=sys.stderr,
+        )
+        return 2
+    # the app is a sibling package (warmstart.app), a client of the HTTP API only
+    app = importlib.import_module(str(__package__).rpartition(".")[0] + ".app")
+    return int(app.main(app_args[1:] if app_args[:1] == ["--"] else app_args) or 0)
 
 
 # the parser ----------------------------------------------------------------------------------

@@ -19,20 +19,20 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from runtime._pipeline import Env, Job
-from runtime.engine._engine import Engine, EngineConfig
-from runtime.engine._llama import LlamaModel
-from runtime.errors import Busy, ContextOverflow, RequestError
-from runtime.kvstore._disk import DiskTier
-from runtime.kvstore._keys import common_prefix
-from runtime.kvstore._pool import RamPool
-from runtime.kvstore._store import TieredStore
-from runtime.models import DigestCache, ModelManager
-from runtime.policy import ModelGeometry, Rates, Tuning, fixed_tuning
-from runtime.sessions import SessionBook, derived_session_id
-from runtime.settings import Settings
-from runtime.streams import QueueStream
-from runtime.types import TIERS, Report, Request, SessionInfo, Stream
+from ._pipeline import Env, Job
+from .engine._engine import Engine, EngineConfig
+from .engine._llama import LlamaModel
+from .errors import Busy, ContextOverflow, RequestError
+from .kvstore._disk import DiskTier
+from .kvstore._keys import common_prefix
+from .kvstore._pool import RamPool
+from .kvstore._store import TieredStore
+from .models import DigestCache, ModelManager
+from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
+from .sessions import SessionBook, derived_session_id
+from .settings import Settings
+from .streams import QueueStream
+from .types import TIERS, Report, Request, SessionInfo, Stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from runtime.hardware import Calibration, HardwareProfile
-from runtime.policy import Tuning
+from .hardware import Calibration, HardwareProfile
+from .policy import Tuning
 
 _BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes"})
 

@@ -10,12 +10,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.core import LoadedModel, LocalRuntime, geometry_of, load_model
-from runtime.doctor import ProgressLine, doctor_report, render_doctor
-from runtime.engine._engine import Engine, EngineConfig, fingerprint_of
-from runtime.hardware import Calibration, HardwareProfile, load_or_calibrate, probe
-from runtime.policy import Tuning, choose, rates_from
-from runtime.settings import Settings
+from .core import LoadedModel, LocalRuntime, geometry_of, load_model
+from .doctor import ProgressLine, doctor_report, render_doctor
+from .engine._engine import Engine, EngineConfig, fingerprint_of
+from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
+from .policy import Tuning, choose, rates_from
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]

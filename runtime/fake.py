@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import Busy, ContextOverflow, RequestError
-from runtime.streams import QueueStream
-from runtime.types import TIERS, Message, Report, Request, SessionInfo, Stream
+from .errors import Busy, ContextOverflow, RequestError
+from .streams import QueueStream
+from .types import TIERS, Message, Report, Request, SessionInfo, Stream
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import ModelError, ModelNotFound
+from .errors import ModelError, ModelNotFound
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from runtime.types import Request, SessionInfo, Stream
+from .types import Request, SessionInfo, Stream
 
 
 @runtime_checkable

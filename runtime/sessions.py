@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import _sqlite
-from runtime.types import Message
+from . import _sqlite
+from .types import Message
 
 MIGRATIONS = [
     (

@@ -18,7 +18,7 @@ import platformdirs
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from runtime.errors import ConfigError
+from .errors import ConfigError
 
 APP_NAME = "warmstart"
 

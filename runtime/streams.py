@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from runtime.types import Done, Event, Report, Token
+from .types import Done, Event, Report, Token
 
 
 class QueueStream:

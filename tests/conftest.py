@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from runtime.types import Message, Request, Sampling
+from warmstart.runtime.types import Message, Request, Sampling
 
 MODELS_DIR = Path(
     os.environ.get("WARMSTART_TEST_MODELS", Path.home() / ".cache" / "warmstart-tests" / "models")
@@ -23,7 +22,7 @@ SYSTEM = Message(
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """SmolLM2-135M from its PyPI wheel, verified; shared by every test run here."""
-    from runtime.models import ModelManager
+    from warmstart.runtime.models import ModelManager
 
     return ModelManager(MODELS_DIR).pull("default")
 
@@ -38,7 +37,7 @@ def gemma_path() -> Path:
 
 def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: ignore[no-untyped-def]
     """Settings that make short test prompts span several chunks."""
-    from runtime.settings import load_settings
+    from warmstart.runtime.settings import load_settings
 
     values: dict[str, object] = dict(
         data_dir=data_dir,
@@ -57,7 +56,7 @@ def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: i
 
 @pytest.fixture
 def make_runtime(tmp_path: Path, model_path: Path) -> Iterator:  # type: ignore[type-arg]
-    from runtime.core import LocalRuntime
+    from warmstart.runtime.core import LocalRuntime
 
     opened: list[LocalRuntime] = []
 

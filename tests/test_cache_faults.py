@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from warmstart.runtime.kvstore import _codec
 
-from runtime.kvstore import _codec
 from tests.conftest import chat
 
 pytestmark = pytest.mark.slow

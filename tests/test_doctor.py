@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from warmstart.runtime.doctor import ProgressLine, doctor_report, render_doctor
+from warmstart.runtime.hardware import HardwareProfile
+from warmstart.runtime.policy import choose
+from warmstart.runtime.settings import load_settings
 
-from runtime.doctor import ProgressLine, doctor_report, render_doctor
-from runtime.hardware import HardwareProfile
-from runtime.policy import choose
-from runtime.settings import load_settings
 from tests.hardware.machines import LLAMA_8B, MACHINES, calibration_for
 
 REQUIRED = {

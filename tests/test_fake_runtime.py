@@ -6,12 +6,11 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
-from runtime.errors import Busy, ContextOverflow, RequestError
-from runtime.fake import FakeRuntime
-from runtime.service import Runtime
-from runtime.streams import QueueStream
-from runtime.types import Done, Message, Report, Request, Sampling, Stream, Token
+from warmstart.runtime.errors import Busy, ContextOverflow, RequestError
+from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.service import Runtime
+from warmstart.runtime.streams import QueueStream
+from warmstart.runtime.types import Done, Message, Report, Request, Sampling, Stream, Token
 
 
 def _text(stream: Stream) -> tuple[str, Report]:

@@ -7,9 +7,8 @@ import types
 from pathlib import Path
 
 import pytest
-
-from runtime.errors import ModelError, ModelNotFound
-from runtime.models import DEFAULT, DigestCache, ModelManager, file_sha256
+from warmstart.runtime.errors import ModelError, ModelNotFound
+from warmstart.runtime.models import DEFAULT, DigestCache, ModelManager, file_sha256
 
 
 def test_default_model_is_pulled_once_and_verified(model_path: Path) -> None:

@@ -4,8 +4,8 @@ background, within the pool, and the first request does not wait for it."""
 from __future__ import annotations
 
 import pytest
+from warmstart.runtime.factory import start_prewarm
 
-from runtime.factory import start_prewarm
 from tests.conftest import chat
 
 pytestmark = pytest.mark.slow

@@ -62,10 +62,10 @@ WRITER = textwrap.dedent("""
     import random, sys
     from pathlib import Path
     import numpy as np
-    from runtime.kvstore._disk import DiskTier
-    from runtime.kvstore._pool import RamPool
-    from runtime.kvstore._store import TieredStore
-    from runtime.kvstore._keys import chunk_key
+    from warmstart.runtime.kvstore._disk import DiskTier
+    from warmstart.runtime.kvstore._pool import RamPool
+    from warmstart.runtime.kvstore._store import TieredStore
+    from warmstart.runtime.kvstore._keys import chunk_key
     disk = DiskTier(Path(sys.argv[1]), "fp", 1, 1 << 30)
     store = TieredStore("fp", RamPool(1 << 24, 1 << 20), disk)
     parent, rng = store.root, random.Random(0)
@@ -81,9 +81,9 @@ WRITER = textwrap.dedent("""
 
 
 def test_process_killed_mid_write_leaves_a_usable_cache(tmp_path: Path) -> None:
-    from runtime.kvstore._disk import DiskTier
-    from runtime.kvstore._pool import RamPool
-    from runtime.kvstore._store import TieredStore
+    from warmstart.runtime.kvstore._disk import DiskTier
+    from warmstart.runtime.kvstore._pool import RamPool
+    from warmstart.runtime.kvstore._store import TieredStore
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-import runtime
+import warmstart.runtime as runtime
 
 
 def test_all_names_resolve_and_nothing_public_is_missing() -> None:
@@ -13,5 +13,8 @@ def test_all_names_resolve_and_nothing_public_is_missing() -> None:
 
 
 def test_the_light_parts_load_without_llama_cpp() -> None:
-    code = "import runtime, sys; runtime.FakeRuntime; assert 'llama_cpp' not in sys.modules"
+    code = (
+        "import warmstart.runtime as runtime, sys; runtime.FakeRuntime; "
+        "assert 'llama_cpp' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,20 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from runtime.errors import ContextOverflow, RequestError
-from runtime.service import Runtime
-from runtime.types import Done, Message, Request, Sampling, Token
+from warmstart.runtime.errors import ContextOverflow, RequestError
+from warmstart.runtime.service import Runtime
+from warmstart.runtime.types import Done, Message, Request, Sampling, Token
 
 
 @pytest.fixture(params=["fake", "local"])
 def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
     if request.param == "fake":
-        from runtime.fake import FakeRuntime
+        from warmstart.runtime.fake import FakeRuntime
 
         rt: Runtime = FakeRuntime(n_ctx=512)
     else:
-        from runtime.core import LocalRuntime
+        from warmstart.runtime.core import LocalRuntime
+
         from tests.conftest import small_settings
 
         model = request.getfixturevalue("model_path")

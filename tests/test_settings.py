@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from runtime.errors import ConfigError
-from runtime.settings import load_settings
+from warmstart.runtime.errors import ConfigError
+from warmstart.runtime.settings import load_settings
 
 
 @pytest.fixture(autouse=True)

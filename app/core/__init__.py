@@ -1,8 +1,8 @@
 """The app's logic without Qt: the API client, the conversation store, the report
 sentences and the local-server launcher. Tested with plain pytest."""
 
-from app.core.api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
-from app.core.errors import (
+from .api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
+from .errors import (
     ApiError,
     AppError,
     AuthError,
@@ -15,11 +15,11 @@ from app.core.errors import (
     StoreError,
     describe,
 )
-from app.core.launcher import LocalServer, is_loopback, serve_command
-from app.core.memory import MemorySnapshot, TierUsage, parse_stats
-from app.core.report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
-from app.core.store import Conversation, ConversationStore, StoredMessage
-from app.core.types import (
+from .launcher import LocalServer, is_loopback, serve_command
+from .memory import MemorySnapshot, TierUsage, parse_stats
+from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
+from .store import Conversation, ConversationStore, StoredMessage
+from .types import (
     Backend,
     ChatEvent,
     ChatStream,

@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 
-from app.core.errors import ApiError, ProtocolError, ServerUnavailable, api_error_class
-from app.core.report import ReplyReport
-from app.core.sse import DONE, iter_sse_json
-from app.core.types import (
+from .errors import ApiError, ProtocolError, ServerUnavailable, api_error_class
+from .report import ReplyReport
+from .sse import DONE, iter_sse_json
+from .types import (
     ChatEvent,
     Finished,
     Health,

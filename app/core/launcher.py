@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from app.core.errors import AppError, ServerBusy, ServerUnavailable
-from app.core.types import Health
+from .errors import AppError, ServerBusy, ServerUnavailable
+from .types import Health
 
 log = logging.getLogger(__name__)
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -41,7 +41,7 @@ def serve_command(port: int, override: Sequence[str] | None = None) -> list[str]
     )
     if script:
         return [script, "serve", "--port", str(port)]
-    return [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+    return [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
 
 
 def override_env(overrides: Mapping[str, object]) -> dict[str, str]:

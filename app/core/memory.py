@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.report import TIERS
+from .report import TIERS
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from app.core.errors import StoreError
+from .errors import StoreError
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from app.core.api import DEFAULT_BASE_URL
-from app.core.types import Sampling
+from .api import DEFAULT_BASE_URL
+from .types import Sampling
 
 
 class PreferenceStore(Protocol):

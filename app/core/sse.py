@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from app.core.errors import ProtocolError
+from .errors import ProtocolError
 
 DONE = object()
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import StoreError
-from app.core.migrations import migrate
-from app.core.report import ReplyReport
+from .errors import StoreError
+from .migrations import migrate
+from .report import ReplyReport
 
 DEFAULT_TITLE = "New conversation"
 

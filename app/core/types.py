@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from app.core.report import TIERS, ReplyReport
+from .report import TIERS, ReplyReport
 
 
 @dataclass(frozen=True)

@@ -14,22 +14,22 @@ from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import QInputDialog, QMessageBox
 
-from app.core.api import ApiClient
-from app.core.launcher import LocalServer, override_env, port_of, serve_command
-from app.core.preferences import Preferences
-from app.core.report import TIER_LABELS
-from app.core.store import Conversation, ConversationStore
-from app.core.types import Backend
-from app.qt.controllers import (
+from ..core.api import ApiClient
+from ..core.launcher import LocalServer, override_env, port_of, serve_command
+from ..core.preferences import Preferences
+from ..core.report import TIER_LABELS
+from ..core.store import Conversation, ConversationStore
+from ..core.types import Backend
+from .controllers import (
     ChatController,
     ConnectionController,
     LibraryController,
     MemoryController,
 )
-from app.qt.models import ConversationListModel, Roles
-from app.qt.views.main_window import MainWindow
-from app.qt.views.settings_dialog import SettingsDialog
-from app.qt.workers import Jobs
+from .models import ConversationListModel, Roles
+from .views.main_window import MainWindow
+from .views.settings_dialog import SettingsDialog
+from .workers import Jobs
 
 log = logging.getLogger(__name__)
 

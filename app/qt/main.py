@@ -9,9 +9,9 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
-from app.core.paths import data_dir
-from app.qt.application import Options, WarmstartApp
-from app.qt.theme import Theme, app_icon
+from ..core.paths import data_dir
+from .application import Options, WarmstartApp
+from .theme import Theme, app_icon
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPixmap
 
-from app.core.report import TIER_LABELS
-from app.core.store import Conversation
-from app.core.types import SessionSummary
+from ..core.report import TIER_LABELS
+from ..core.store import Conversation
+from ..core.types import SessionSummary
 
 Index = QModelIndex | QPersistentModelIndex
 LOCATION_COLORS = {"live": "#2e9d4f", "ram": "#2f7fd8", "disk": "#c98a1b", "none": "#8a8a8a"}

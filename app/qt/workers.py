@@ -14,7 +14,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThreadPool, Signal
 
-from app.core.types import ChatStream, Finished, TextDelta
+from ..core.types import ChatStream, Finished, TextDelta
 
 log = logging.getLogger(__name__)
 OnDone = Callable[[Any], None]

@@ -56,7 +56,7 @@ def wait_until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
 def server_command(port: int, data_dir: Path, model: str, custom: str | None) -> list[str]:
     if custom:
         return shlex.split(custom.replace("{port}", str(port)).replace("{data_dir}", str(data_dir)))
-    serve = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+    serve = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
     return [*serve, "--data-dir", str(data_dir), "--model", model, *SERVER_SETTINGS]
 
 
@@ -65,9 +65,9 @@ def shoot(theme: str, out: Path, model: str, server_cmd: str | None) -> None:
 
     from PySide6.QtWidgets import QApplication
 
-    from app.core.types import Sampling
-    from app.qt.application import Options, WarmstartApp
-    from app.qt.theme import Theme, app_icon
+    from ..core.types import Sampling
+    from ..qt.application import Options, WarmstartApp
+    from ..qt.theme import Theme, app_icon
 
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="warmstart-shots-"))

@@ -4,7 +4,7 @@
 runs it under uvicorn and refuses to bind beyond loopback without an API key.
 """
 
-from runtime.api._app import create_app
-from runtime.api._server import check_bind, is_loopback, serve
+from ._app import create_app
+from ._server import check_bind, is_loopback, serve
 
 __all__ = ["check_bind", "create_app", "is_loopback", "serve"]

@@ -1,4 +1,6 @@
-"""``python -m runtime.api --fake --port N``: the API over FakeRuntime, for tests and demos.
+"""``python -m warmstart.runtime.api --fake --port N``: the API over FakeRuntime.
+
+For tests and demos.
 
 The real server is ``warmstart serve``; this entry point exists so that the API
 tests can start a real server process without a model.
@@ -10,14 +12,14 @@ import argparse
 import logging
 import sys
 
-from runtime.api._server import serve
-from runtime.errors import ConfigError
-from runtime.fake import FakeRuntime
-from runtime.settings import load_settings
+from ..errors import ConfigError
+from ..fake import FakeRuntime
+from ..settings import load_settings
+from ._server import serve
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m runtime.api", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m warmstart.runtime.api", description=__doc__)
     p.add_argument("--fake", action="store_true", required=True, help="serve the FakeRuntime")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default 8765)")
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         serve(settings, runtime, log_level=args.log_level)
     except ConfigError as exc:
-        logging.getLogger("runtime.api").error("%s", exc)
+        logging.getLogger(__package__).error("%s", exc)
         return 2
     return 0
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from runtime.api import _errors, _openai, _warmstart
-from runtime.api._metrics import Metrics
-from runtime.api._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
-from runtime.api._state import AppState
-from runtime.service import Runtime
-from runtime.settings import Settings
+from ..service import Runtime
+from ..settings import Settings
+from . import _errors, _openai, _warmstart
+from ._metrics import Metrics
+from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
+from ._state import AppState
 
 DESCRIPTION = """An OpenAI-compatible API over a local model whose KV cache is kept in
 tiers (live context, RAM pool, disk). Every reply reports how many prompt tokens came

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.errors import Busy, Cancelled, ContextOverflow, RequestError, WarmstartError
+from ..errors import Busy, Cancelled, ContextOverflow, RequestError, WarmstartError
 
 log = logging.getLogger(__name__)
 

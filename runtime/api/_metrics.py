@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.service import Runtime
-from runtime.types import TIERS, Report
+from ..service import Runtime
+from ..types import TIERS, Report
 
 log = logging.getLogger(__name__)
 

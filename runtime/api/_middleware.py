@@ -11,8 +11,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.api._errors import error_body
-from runtime.api._metrics import Metrics
+from ._errors import error_body
+from ._metrics import Metrics
 
 # Probes and load balancers check liveness without a key.
 OPEN_PATHS = frozenset({"/health"})

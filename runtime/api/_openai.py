@@ -8,17 +8,17 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
-from runtime.api._errors import APIError, from_runtime
-from runtime.api._replies import Shape
-from runtime.api._schemas import (
+from ..errors import ContextOverflow
+from ..types import Request as RuntimeRequest
+from ._errors import APIError, from_runtime
+from ._replies import Shape
+from ._schemas import (
     DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
 )
-from runtime.api._sse import SSEResponse, collect
-from runtime.api._state import ERRORS, AppState, state
-from runtime.errors import ContextOverflow
-from runtime.types import Request as RuntimeRequest
+from ._sse import SSEResponse, collect
+from ._state import ERRORS, AppState, state
 
 SessionHeader = Annotated[
     str | None,

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from runtime.types import Report
+from ..types import Report
 
 
 def usage(report: Report) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.errors import RequestError
-from runtime.types import Message, Request, Sampling
+from ..errors import RequestError
+from ..types import Message, Request, Sampling
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512

@@ -7,10 +7,10 @@ import logging
 
 import uvicorn
 
-from runtime.api._app import create_app
-from runtime.errors import ConfigError
-from runtime.service import Runtime
-from runtime.settings import Settings
+from ..errors import ConfigError
+from ..service import Runtime
+from ..settings import Settings
+from ._app import create_app
 
 log = logging.getLogger(__name__)
 

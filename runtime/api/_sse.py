@@ -19,10 +19,10 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from runtime.api._errors import error_body
-from runtime.api._replies import Shape
-from runtime.errors import Cancelled, WarmstartError
-from runtime.types import Done, Event, Report, Stream, Token
+from ..errors import Cancelled, WarmstartError
+from ..types import Done, Event, Report, Stream, Token
+from ._errors import error_body
+from ._replies import Shape
 
 log = logging.getLogger(__name__)
 

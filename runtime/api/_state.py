@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import anyio
 from fastapi import Request
 
-from runtime.api._errors import APIError, error_body
-from runtime.api._metrics import Metrics
-from runtime.api._schemas import ErrorResponse
-from runtime.service import Runtime
-from runtime.settings import Settings
+from ..service import Runtime
+from ..settings import Settings
+from ._errors import APIError, error_body
+from ._metrics import Metrics
+from ._schemas import ErrorResponse
 
 # Names a client may use for the loaded model besides its own id.
 MODEL_ALIASES = frozenset({"default"})

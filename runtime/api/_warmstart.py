@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from runtime.api._errors import APIError
-from runtime.api._metrics import CONTENT_TYPE
-from runtime.api._state import ERRORS, AppState, state
-from runtime.types import SessionInfo
+from ..types import SessionInfo
+from ._errors import APIError
+from ._metrics import CONTENT_TYPE
+from ._state import ERRORS, AppState, state
 
 # Settings whose values never leave the server.
 _SECRET = frozenset({"api_key"})

@@ -18,12 +18,12 @@ from pathlib import Path
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from runtime.engine._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
-from runtime.engine._sampling import Sampler
-from runtime.engine._template import ChatTemplate
-from runtime.errors import EngineError
-from runtime.kvstore._keys import common_prefix
-from runtime.types import Request, Sampling
+from ..errors import EngineError
+from ..kvstore._keys import common_prefix
+from ..types import Request, Sampling
+from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
+from ._sampling import Sampler
+from ._template import ChatTemplate
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import llama_cpp
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from runtime.errors import EngineError, ModelError
+from ..errors import EngineError, ModelError
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import random
 
 import llama_cpp.llama_cpp as ll
 
-from runtime.engine._llama import LlamaContext
-from runtime.types import Sampling
+from ..types import Sampling
+from ._llama import LlamaContext
 
 
 class Sampler:

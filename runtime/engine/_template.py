@@ -9,8 +9,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from runtime.errors import ModelError, RequestError
-from runtime.types import Message
+from ..errors import ModelError, RequestError
+from ..types import Message
 
 # Used when a GGUF carries no template: ChatML is what most small instruct models expect.
 CHATML = (

@@ -6,21 +6,21 @@ the CPU); tests pass recorded sources instead. ``load_or_calibrate`` measures
 the loaded model once per (machine, model) and caches the result.
 """
 
-from runtime.hardware._calibrate import (
+from ._calibrate import (
     Calibration,
     CalibrationTarget,
     Progress,
     calibrate,
     load_or_calibrate,
 )
-from runtime.hardware._gpu import (
+from ._gpu import (
     FirstGpuSource,
     GpuSource,
     NoGpuSource,
     NvmlGpuSource,
     TorchGpuSource,
 )
-from runtime.hardware._host import (
+from ._host import (
     BackendSource,
     CpuSource,
     LlamaBackendSource,
@@ -28,9 +28,9 @@ from runtime.hardware._host import (
     ProcCpuSource,
     PsutilMemorySource,
 )
-from runtime.hardware._measure import ZstdPoint
-from runtime.hardware._probe import Sources, default_sources, probe
-from runtime.hardware._profile import (
+from ._measure import ZstdPoint
+from ._probe import Sources, default_sources, probe
+from ._profile import (
     Backend,
     CpuInfo,
     DiskInfo,
@@ -40,7 +40,7 @@ from runtime.hardware._profile import (
     MemoryInfo,
     PcieLink,
 )
-from runtime.hardware._recorded import (
+from ._recorded import (
     RecordedBackendSource,
     RecordedCpuSource,
     RecordedDiskSource,
@@ -49,7 +49,7 @@ from runtime.hardware._recorded import (
     RecordedPcieSource,
     recorded_sources,
 )
-from runtime.hardware._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
+from ._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
 
 __all__ = [
     "Backend",

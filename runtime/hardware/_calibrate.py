@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.hardware._measure import (
+from ._measure import (
     ZstdPoint,
     disk_rates,
     host_device_gbps,
     ram_copy_gbps,
     zstd_points,
 )
-from runtime.hardware._profile import HardwareProfile
+from ._profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from runtime.hardware._profile import GpuInfo, PcieLink
+from ._profile import GpuInfo, PcieLink
 
 log = logging.getLogger(__name__)
 

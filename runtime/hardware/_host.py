@@ -10,7 +10,7 @@ from typing import Protocol
 
 import psutil
 
-from runtime.hardware._profile import Backend, CpuInfo, MemoryInfo
+from ._profile import Backend, CpuInfo, MemoryInfo
 
 # CPU features that change llama.cpp's speed; the rest of the flag list is noise.
 _INTERESTING_FLAGS = frozenset(

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from runtime.errors import DiskFull
+from ..errors import DiskFull
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20

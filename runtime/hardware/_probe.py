@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from runtime.hardware._gpu import FirstGpuSource, GpuSource, NvmlGpuSource, TorchGpuSource
-from runtime.hardware._host import (
+from ._gpu import FirstGpuSource, GpuSource, NvmlGpuSource, TorchGpuSource
+from ._host import (
     BackendSource,
     CpuSource,
     LlamaBackendSource,
@@ -21,8 +21,8 @@ from runtime.hardware._host import (
     ProcCpuSource,
     PsutilMemorySource,
 )
-from runtime.hardware._profile import Backend, CpuInfo, DiskInfo, GpuInfo, HardwareProfile, PcieLink
-from runtime.hardware._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
+from ._profile import Backend, CpuInfo, DiskInfo, GpuInfo, HardwareProfile, PcieLink
+from ._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from runtime.hardware._probe import Sources
-from runtime.hardware._profile import (
+from ._probe import Sources
+from ._profile import (
     Backend,
     CpuInfo,
     DiskInfo,

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
-from runtime.hardware._profile import DiskInfo, DiskKind, PcieLink
+from ._profile import DiskInfo, DiskKind, PcieLink
 
 # The first PCIe generation that runs at each transfer rate (GT/s).
 _GT_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}

@@ -27,7 +27,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from runtime.errors import CacheError
+from ..errors import CacheError
 
 MAGIC = b"WSKV"
 FORMAT_VERSION = 1

@@ -26,9 +26,9 @@ from typing import Any
 import diskcache
 import numpy as np
 
-from runtime import _sqlite
-from runtime.errors import CacheError, DiskFull
-from runtime.kvstore import _codec
+from .. import _sqlite
+from ..errors import CacheError, DiskFull
+from . import _codec
 
 log = logging.getLogger(__name__)
 

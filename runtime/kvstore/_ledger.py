@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from runtime.kvstore._keys import common_prefix
+from ._keys import common_prefix
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import CacheError, DiskFull
-from runtime.kvstore._disk import DiskTier, IndexRow
-from runtime.kvstore._keys import root_key
-from runtime.kvstore._ledger import Hit, Ledger, Record
-from runtime.kvstore._pool import RamPool
+from ..errors import CacheError, DiskFull
+from ._disk import DiskTier, IndexRow
+from ._keys import root_key
+from ._ledger import Hit, Ledger, Record
+from ._pool import RamPool
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.policy._rates import choose_zstd_level, estimate_rates, rates_from
-from runtime.policy._types import ModelGeometry, Rates, Tuning
-from runtime.settings import Settings
+from ..settings import Settings
+from ._rates import choose_zstd_level, estimate_rates, rates_from
+from ._types import ModelGeometry, Rates, Tuning
 
 if TYPE_CHECKING:
-    from runtime.hardware import Calibration, HardwareProfile
+    from ..hardware import Calibration, HardwareProfile
 
 MiB = 1 << 20
 GiB = 1 << 30

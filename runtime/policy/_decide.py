@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.policy._types import Rates
+from ._types import Rates
 
 
 @dataclass(frozen=True)

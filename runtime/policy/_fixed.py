@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runtime.policy._types import ModelGeometry, Tuning
-from runtime.settings import Settings
+from ..settings import Settings
+from ._types import ModelGeometry, Tuning
 
 GiB = 1 << 30
 

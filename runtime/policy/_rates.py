@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.policy._types import ModelGeometry, Rates
+from ._types import ModelGeometry, Rates
 
 if TYPE_CHECKING:  # the policy stays pure: only the shapes of the hardware data
-    from runtime.hardware import Calibration, HardwareProfile, ZstdPoint
+    from ..hardware import Calibration, HardwareProfile, ZstdPoint
 
 # Without a calibration: cautious guesses per disk kind (GB/s read, ms per record).
 _DISK_GUESS = {"nvme": (2.0, 0.3), "ssd": (0.45, 0.5), "hdd": (0.12, 8.0), "unknown": (0.3, 2.0)}

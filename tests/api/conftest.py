@@ -3,7 +3,7 @@
 The server command is a fixture so the same tests can run against the real model:
 set ``WARMSTART_TEST_SERVER_CMD`` (for example ``"warmstart serve --model default"``);
 it gets ``--port N`` (and ``--host``, ``--api-key``, ``--max-queue`` where a test
-needs them) appended. The default is the FakeRuntime server, ``python -m runtime.api
+needs them) appended. The default is the FakeRuntime server, ``python -m warmstart.runtime.api
 --fake``; options only the fake understands (token delays) are passed to it alone.
 """
 
@@ -53,7 +53,9 @@ def free_port() -> int:
 def server_cmd() -> list[str]:
     """The command that starts a server, without --port."""
     custom = os.environ.get("WARMSTART_TEST_SERVER_CMD")
-    return shlex.split(custom) if custom else [sys.executable, "-m", "runtime.api", "--fake"]
+    return (
+        shlex.split(custom) if custom else [sys.executable, "-m", "warmstart.runtime.api", "--fake"]
+    )
 
 
 @pytest.fixture(scope="session")

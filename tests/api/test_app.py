@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
-from runtime.api import create_app
-from runtime.fake import FakeRuntime
-from runtime.service import Runtime
-from runtime.settings import load_settings
-from runtime.streams import QueueStream
-from runtime.types import Request, Stream
+from warmstart.runtime.api import create_app
+from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.service import Runtime
+from warmstart.runtime.settings import load_settings
+from warmstart.runtime.streams import QueueStream
+from warmstart.runtime.types import Request, Stream
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -7,11 +7,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from runtime.api import check_bind, is_loopback, serve
-from runtime.errors import ConfigError
-from runtime.fake import FakeRuntime
-from runtime.settings import load_settings
+from warmstart.runtime.api import check_bind, is_loopback, serve
+from warmstart.runtime.errors import ConfigError
+from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.settings import load_settings
 
 KEY = "test-key-0123456789"
 

@@ -16,10 +16,10 @@ import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from warmstart.runtime.api import create_app
+from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.settings import load_settings
 
-from runtime.api import create_app
-from runtime.fake import FakeRuntime
-from runtime.settings import load_settings
 from tests.api.conftest import Server
 
 EXAMPLES = int(os.environ.get("WARMSTART_FUZZ_EXAMPLES", "80"))

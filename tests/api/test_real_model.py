@@ -57,7 +57,7 @@ def real_server(model: Path, data_dir: Path, *args: str) -> Iterator[Server]:
     Any traceback or error in its log fails the test that owns it: the API hides
     a failure that happens after the reply (capturing chunks, saving the session)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "runtime.cli", "serve"]
+    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
     cmd += ["--data-dir", str(data_dir), "--model", str(model), *SETTINGS]
     with run_server(cmd, *args, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir) as server:
         yield server

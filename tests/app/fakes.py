@@ -6,9 +6,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from app.core.errors import ServerUnavailable
-from app.core.report import ReplyReport
-from app.core.types import (
+from warmstart.app.core.errors import ServerUnavailable
+from warmstart.app.core.report import ReplyReport
+from warmstart.app.core.types import (
     ChatEvent,
     Finished,
     Health,

@@ -3,7 +3,7 @@
 ``/health`` and ``/v1/warmstart/*``, no ``x_warmstart`` in the reply).
 
 Why it exists: the app must still chat with any OpenAI-compatible server, and neither
-warmstart's server nor its fake (``python -m runtime.api --fake``) can drop their
+warmstart's server nor its fake (``python -m warmstart.runtime.api --fake``) can drop their
 extensions. It is deliberately no more than that one behaviour; everything else the
 app's tests need comes from the real server or the runtime's fake.
 Run ``python -m tests.app.plain_server --port N``.

@@ -7,7 +7,7 @@
   cache cannot have one. ``server.restart()`` keeps the data dir: the RAM pool and
   the live context are gone, the disk tier is not. ``WARMSTART_APP_TEST_SERVER_CMD``
   (with ``{port}`` and ``{data_dir}``) replaces the command, e.g. to try another model.
-- ``fake_server``: the runtime's own fake (``python -m runtime.api --fake``), for the
+- ``fake_server``: the runtime's own fake (``python -m warmstart.runtime.api --fake``), for the
   tests about the app's behaviour rather than the model's.
 - ``plain_server``: an OpenAI-compatible server without warmstart's extensions
   (``tests/app/plain_server.py``).
@@ -121,7 +121,7 @@ def shared_real_server(
             for key, value in fill.items():
                 parts = [p.replace(key, value) for p in parts]
             return parts
-        serve = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+        serve = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
         return [*serve, "--data-dir", str(data_dir), "--model", str(model_path), *REAL_SETTINGS]
 
     server = ServerProcess(command, tmp_path_factory.mktemp("warmstart-log") / "server.log")
@@ -142,7 +142,7 @@ def fake_server(servers) -> Callable[..., ServerProcess]:
     """``fake_server(*flags)``: the runtime's FakeRuntime behind the real API, started."""
 
     def make(*flags: str) -> ServerProcess:
-        fake = [sys.executable, "-m", "runtime.api", "--fake"]
+        fake = [sys.executable, "-m", "warmstart.runtime.api", "--fake"]
         return servers(lambda port: [*fake, "--port", str(port), *flags])
 
     return make

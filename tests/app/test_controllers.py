@@ -5,17 +5,16 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from app.core.preferences import Preferences
-from app.core.store import ConversationStore
-from app.qt.controllers import (
+from warmstart.app.core.preferences import Preferences
+from warmstart.app.core.store import ConversationStore
+from warmstart.app.qt.controllers import (
     ChatController,
     ConnectionController,
     LibraryController,
     MemoryController,
 )
-from app.qt.models import ConversationListModel, Roles
-from app.qt.workers import Jobs
+from warmstart.app.qt.models import ConversationListModel, Roles
+from warmstart.app.qt.workers import Jobs
 
 
 @pytest.fixture

@@ -7,9 +7,8 @@ import sqlite3
 
 import httpx
 import pytest
-
-import app.core
-from app.core import (
+import warmstart.app.core as app_core
+from warmstart.app.core import (
     ApiClient,
     ContextFull,
     ConversationStore,
@@ -25,16 +24,16 @@ from app.core import (
     format_status,
     parse_stats,
 )
-from app.core.migrations import MIGRATIONS, applied, migrate
-from app.core.preferences import Preferences
-from app.core.sse import DONE, iter_sse_json
+from warmstart.app.core.migrations import MIGRATIONS, applied, migrate
+from warmstart.app.core.preferences import Preferences
+from warmstart.app.core.sse import DONE, iter_sse_json
 
 
 def test_public_names_are_all_exported():
-    public = {n for n in dir(app.core) if not n.startswith("_")}
+    public = {n for n in dir(app_core) if not n.startswith("_")}
     modules = {"api", "errors", "launcher", "memory", "migrations", "paths", "preferences"}
     modules |= {"report", "sse", "store", "types"}
-    assert public - modules == set(app.core.__all__)
+    assert public - modules == set(app_core.__all__)
 
 
 # -- store ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The acceptance tests (``gui`` and ``slow``) run ``warmstart serve`` on the real default
 model (see servers.py); the rest run against the runtime's fake
-(``python -m runtime.api --fake``) or, for a server without warmstart's extensions,
+(``python -m warmstart.runtime.api --fake``) or, for a server without warmstart's extensions,
 ``tests/app/plain_server.py``.
 """
 
@@ -14,9 +14,8 @@ from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import Qt
-
-from app.core.types import Sampling
-from app.qt.application import Options, WarmstartApp
+from warmstart.app.core.types import Sampling
+from warmstart.app.qt.application import Options, WarmstartApp
 
 pytestmark = pytest.mark.gui
 WAIT = 15_000
@@ -234,7 +233,7 @@ def test_starts_a_local_server_when_none_answers(qtbot, app_data, monkeypatch, t
     from tests.app.servers import ROOT, free_port
 
     port = free_port()
-    command = f"{sys.executable} -m runtime.api --fake --port {{port}}"
+    command = f"{sys.executable} -m warmstart.runtime.api --fake --port {{port}}"
     monkeypatch.setenv("WARMSTART_APP_SERVER_CMD", command)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     app = WarmstartApp(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from app.qt.main import command_line_args, parse_args
+from warmstart.app.qt.main import command_line_args, parse_args
 
 
 @pytest.mark.parametrize(

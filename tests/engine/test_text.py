@@ -1,4 +1,4 @@
-from runtime.engine._text import TextAssembler
+from warmstart.runtime.engine._text import TextAssembler
 
 
 def feed_all(asm: TextAssembler, pieces: list[bytes]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from runtime.hardware import (
+from warmstart.runtime.hardware import (
     Calibration,
     CpuInfo,
     DiskInfo,
@@ -18,7 +18,7 @@ from runtime.hardware import (
     PcieLink,
     ZstdPoint,
 )
-from runtime.policy import ModelGeometry
+from warmstart.runtime.policy import ModelGeometry
 
 GiB = 1 << 30
 TB = 10**12

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from runtime.hardware import (
+from warmstart.runtime.hardware import (
     Calibration,
     CalibrationTarget,
     HardwareProfile,
@@ -22,6 +21,7 @@ from runtime.hardware import (
     calibrate,
     load_or_calibrate,
 )
+
 from tests.hardware.machines import LAPTOP, RTX4090, calibration_for
 
 

@@ -9,9 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-import runtime.hardware as hardware
-from runtime.hardware import (
+import warmstart.runtime.hardware as hardware
+from warmstart.runtime.hardware import (
     DiskInfo,
     FirstGpuSource,
     GpuInfo,
@@ -29,8 +28,9 @@ from runtime.hardware import (
     probe,
     recorded_sources,
 )
-from runtime.hardware._host import backend_from_libs, parse_cpuinfo
-from runtime.hardware._sysfs import parse_link_speed
+from warmstart.runtime.hardware._host import backend_from_libs, parse_cpuinfo
+from warmstart.runtime.hardware._sysfs import parse_link_speed
+
 from tests.hardware.machines import MACHINES, RTX4090
 
 

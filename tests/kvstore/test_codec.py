@@ -1,7 +1,6 @@
 import pytest
-
-from runtime.errors import CacheError
-from runtime.kvstore import _codec
+from warmstart.runtime.errors import CacheError
+from warmstart.runtime.kvstore import _codec
 
 FP = _codec.fingerprint_digest("model-a")
 KEY = bytes(range(16))

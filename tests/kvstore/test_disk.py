@@ -4,10 +4,9 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from runtime import _sqlite
-from runtime.errors import CacheError
-from runtime.kvstore._disk import MIGRATIONS, DiskTier, IndexRow
+from warmstart.runtime import _sqlite
+from warmstart.runtime.errors import CacheError
+from warmstart.runtime.kvstore._disk import MIGRATIONS, DiskTier, IndexRow
 
 PAYLOAD = random.Random(0).randbytes(100_000)  # incompressible: stored as a file
 

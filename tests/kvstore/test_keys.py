@@ -2,8 +2,7 @@ import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from runtime.kvstore._keys import chunk_key, common_prefix, cut_points, root_key
+from warmstart.runtime.kvstore._keys import chunk_key, common_prefix, cut_points, root_key
 
 
 def test_keys_chain_names_the_whole_prefix() -> None:

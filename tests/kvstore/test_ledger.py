@@ -1,5 +1,5 @@
-from runtime.kvstore._keys import chunk_key, root_key
-from runtime.kvstore._ledger import Ledger, Record
+from warmstart.runtime.kvstore._keys import chunk_key, root_key
+from warmstart.runtime.kvstore._ledger import Ledger, Record
 
 ROOT = root_key("fp")
 

@@ -3,12 +3,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from runtime.errors import DiskFull
-from runtime.kvstore._disk import DiskTier
-from runtime.kvstore._keys import chunk_key
-from runtime.kvstore._pool import RamPool
-from runtime.kvstore._store import TieredStore
+from warmstart.runtime.errors import DiskFull
+from warmstart.runtime.kvstore._disk import DiskTier
+from warmstart.runtime.kvstore._keys import chunk_key
+from warmstart.runtime.kvstore._pool import RamPool
+from warmstart.runtime.kvstore._store import TieredStore
 
 SLOT = 8192
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from warmstart.runtime.hardware import Calibration, HardwareProfile, MemoryInfo, PcieLink, ZstdPoint
+from warmstart.runtime.policy import Tuning, choose, choose_zstd_level, estimate_rates, rates_from
+from warmstart.runtime.policy._choose import break_even_tokens, host_reserve
+from warmstart.runtime.settings import load_settings
 
-from runtime.hardware import Calibration, HardwareProfile, MemoryInfo, PcieLink, ZstdPoint
-from runtime.policy import Tuning, choose, choose_zstd_level, estimate_rates, rates_from
-from runtime.policy._choose import break_even_tokens, host_reserve
-from runtime.settings import load_settings
 from tests.hardware.machines import (
     H100,
     LLAMA_8B,
@@ -249,16 +249,16 @@ def test_estimates_follow_the_machine() -> None:
 
 def test_policy_stays_pure() -> None:
     code = (
-        "import sys, runtime.policy; print(sorted(m for m in sys.modules "
+        "import sys, warmstart.runtime.policy; print(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('llama_cpp', 'psutil', 'zstandard') "
-        "or m.startswith('runtime.hardware')))"
+        "or m.startswith('warmstart.runtime.hardware')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_all_is_true() -> None:
-    import runtime.policy as policy
+    import warmstart.runtime.policy as policy
 
     assert sorted(policy.__all__) == sorted(
         n for n in dir(policy) if not n.startswith("_") and n != "annotations"
@@ -268,7 +268,7 @@ def test_all_is_true() -> None:
 
 @pytest.mark.parametrize("model", [SMOLLM_135M, LLAMA_8B], ids=["smollm", "llama8b"])
 def test_cpu_live_context_is_capped_and_the_pool_takes_the_rest(model: Any) -> None:
-    from runtime.policy._choose import CPU_LIVE_KV_BYTES
+    from warmstart.runtime.policy._choose import CPU_LIVE_KV_BYTES
 
     laptop = MACHINES["laptop"]
     t = choose(laptop, calibration_for(laptop), model, load_settings())

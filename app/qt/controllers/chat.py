@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.errors import describe
-from app.core.preferences import Preferences
-from app.core.report import ReplyReport, format_status
-from app.core.store import DEFAULT_TITLE, ConversationStore, StoredMessage
-from app.qt.controllers.connection import ConnectionController
-from app.qt.workers import Jobs, StreamRunner
+from ...core.errors import describe
+from ...core.preferences import Preferences
+from ...core.report import ReplyReport, format_status
+from ...core.store import DEFAULT_TITLE, ConversationStore, StoredMessage
+from ..workers import Jobs, StreamRunner
+from .connection import ConnectionController
 
 log = logging.getLogger(__name__)
 

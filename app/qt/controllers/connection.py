@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.core.errors import AppError, ServerUnavailable, describe
-from app.core.launcher import LocalServer, is_loopback
-from app.core.types import Backend, Health
-from app.qt.workers import Jobs
+from ...core.errors import AppError, ServerUnavailable, describe
+from ...core.launcher import LocalServer, is_loopback
+from ...core.types import Backend, Health
+from ..workers import Jobs
 
 log = logging.getLogger(__name__)
 

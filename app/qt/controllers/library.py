@@ -6,11 +6,11 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.store import ConversationStore
-from app.core.types import SessionSummary
-from app.qt.controllers.connection import ConnectionController
-from app.qt.models import ConversationListModel
-from app.qt.workers import Jobs
+from ...core.store import ConversationStore
+from ...core.types import SessionSummary
+from ..models import ConversationListModel
+from ..workers import Jobs
+from .connection import ConnectionController
 
 log = logging.getLogger(__name__)
 

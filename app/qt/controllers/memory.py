@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.core.memory import MemorySnapshot, parse_stats
-from app.core.report import ReplyReport
-from app.core.types import SessionSummary
-from app.qt.controllers.connection import ConnectionController
-from app.qt.workers import Jobs
+from ...core.memory import MemorySnapshot, parse_stats
+from ...core.report import ReplyReport
+from ...core.types import SessionSummary
+from ..workers import Jobs
+from .connection import ConnectionController
 
 
 @dataclass(frozen=True)

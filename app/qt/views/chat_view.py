@@ -21,9 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.report import format_status
-from app.core.store import StoredMessage
-from app.qt.theme import code_background
+from ...core.report import format_status
+from ...core.store import StoredMessage
+from ..theme import code_background
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.qt.views.chat_view import ChatView
-from app.qt.views.memory_panel import MemoryPanel
+from .chat_view import ChatView
+from .memory_panel import MemoryPanel
 
 
 class MainWindow(QMainWindow):

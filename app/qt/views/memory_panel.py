@@ -16,10 +16,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.memory import MemorySnapshot, TierUsage
-from app.core.report import TIERS, ReplyReport, format_bytes, format_status
-from app.qt.controllers.memory import ReplyPoint
-from app.qt.models import LOCATION_COLORS
+from ...core.memory import MemorySnapshot, TierUsage
+from ...core.report import TIERS, ReplyReport, format_bytes, format_status
+from ..controllers.memory import ReplyPoint
+from ..models import LOCATION_COLORS
 
 TIER_TITLES = {"live": "Live context", "ram": "RAM pool", "disk": "Disk"}
 

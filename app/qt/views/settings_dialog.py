@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.preferences import Preferences
-from app.core.types import Sampling, ServerSetting
+from ...core.preferences import Preferences
+from ...core.types import Sampling, ServerSetting
 
 DEFAULT_MODEL_LABEL = "The server's default model"
 
