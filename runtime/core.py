@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Used until the machine is calibrated: the figures of a 2-core CPU box (DESIGN.md).
+STAGING_CAP_BYTES = 256 << 20  # disk reads beyond this land in the pool or fresh memory
 DEFAULT_RATES = Rates(
     prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
 )
@@ -88,11 +89,10 @@ class LocalRuntime:
             EngineConfig(
                 model_path=path,
                 model_digest=loaded.digest,
-                # room for every resident conversation and for the scratch sequence
-                n_ctx_total=self.tuning.n_ctx * (self.tuning.resident_sequences + 1),
+                n_ctx=self.tuning.n_ctx,
                 resident_sequences=self.tuning.resident_sequences,
                 n_threads=settings.n_threads or 0,
-                decode_threads=settings.decode_threads,
+                decode_threads=settings.decode_threads or 0,
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
@@ -104,10 +104,20 @@ class LocalRuntime:
         self.store = self._open_store()
         self.book = SessionBook(settings.data_dir / "sessions.db")
         staging = None
-        if self.store is not None and self.store.pool is not None:
-            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM
-            staging = np.ones(self.store.pool.slot_bytes, dtype=np.uint8)
-        self.env = Env(self.engine, staging, self.store, self.tuning, self.rates, self.book)
+        if self.store is not None:
+            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and
+            # a disk hit reads a whole conversation's chunks into it
+            prefix = self.engine.blob_bytes(self.n_ctx)
+            staging = np.ones(min(prefix, STAGING_CAP_BYTES), dtype=np.uint8)
+        self.env = Env(
+            self.engine,
+            staging,
+            self.store,
+            self.tuning,
+            self.rates,
+            self.book,
+            exact_replies=settings.exact_replies,
+        )
         self.counters: collections.Counter[str] = collections.Counter()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Job] = collections.deque()
@@ -122,7 +132,7 @@ class LocalRuntime:
         s, t = self.settings, self.tuning
         if s.no_cache:
             return None
-        pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens) + 4096)
+        pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens))
         disk = DiskTier(
             s.effective_cache_dir, self.engine.fingerprint, t.zstd_level, t.disk_budget_bytes
         )
@@ -243,6 +253,7 @@ class LocalRuntime:
             for res in self.engine.residents:
                 if not res.busy:
                     self.engine.evict(res)
+            self.engine.evictions = 0  # asked for, not pushed out by others
 
         self._call(evict_idle)
 
@@ -307,7 +318,7 @@ class LocalRuntime:
             "live": {
                 "tokens": live_tokens,
                 "bytes": live_tokens * kvb,
-                "capacity_bytes": self.engine.ctx.n_ctx * kvb,
+                "capacity_bytes": self.engine.n_ctx * len(self.engine.residents) * kvb,
                 "sequences": len(self.engine.residents),
                 "resident": sum(1 for r in self.engine.residents if r.tokens),
             },
@@ -340,7 +351,7 @@ class LocalRuntime:
             cached_tokens=sum(c[f"tokens_{t}"] for t in TIERS),
             hits={t: c[f"hits_{t}"] for t in TIERS},
             misses=c["hits_miss"],
-            evictions=(out.get("store") or {}).get("evictions", 0) + c["live_evictions"],
+            evictions=(out.get("store") or {}).get("evictions", 0) + self.engine.evictions,
             tiers=tiers,
             queue={
                 "waiting": waiting,

@@ -41,10 +41,10 @@ class _CalibrationTarget:
                 EngineConfig(
                     model_path=self._loaded.path,
                     model_digest=self._loaded.digest,
-                    n_ctx_total=CALIBRATION_CTX,
+                    n_ctx=CALIBRATION_CTX,
                     resident_sequences=1,
                     n_threads=s.n_threads or 0,
-                    decode_threads=s.decode_threads,
+                    decode_threads=s.decode_threads or 0,
                     n_gpu_layers=s.n_gpu_layers,
                     flash_attn=s.flash_attn,
                     type_kv=s.type_kv,

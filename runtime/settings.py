@@ -69,12 +69,14 @@ class Settings(BaseSettings):
         None, ge=1, le=63, description="conversations kept live in the context"
     )
     n_threads: int | None = Field(None, ge=1, le=512, description="CPU threads for prefill")
-    decode_threads: int = Field(
-        1,
-        ge=1,
-        le=512,
-        description="CPU threads for one-token decode steps; 1 keeps greedy replies "
-        "identical whatever else is cached (llama.cpp splits attention by thread)",
+    decode_threads: int | None = Field(
+        None, ge=1, le=512, description="CPU threads for one-token decode steps (default: all)"
+    )
+    exact_replies: bool = Field(
+        True,
+        description="re-prefill each reply in aligned batches after it is sent, so that a "
+        "cached turn equals --no-cache bit for bit; off saves that work and later turns "
+        "may differ slightly from --no-cache",
     )
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")

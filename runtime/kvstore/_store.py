@@ -79,9 +79,10 @@ class TieredStore:
         self._writer.start()
 
     # lookup and reads ---------------------------------------------------------
-    def lookup(self, ids: Sequence[int]) -> list[Hit]:
+    def lookup(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
+        """prepare_load: the cached chunks of ``ids`` along ``cuts``, pinned."""
         with self._lock:
-            hits = self.ledger.lookup(self.root, ids)
+            hits = self.ledger.lookup(self.root, ids, cuts)
             out = []
             for hit in hits:
                 if hit.record.tier is None:
@@ -199,8 +200,6 @@ class TieredStore:
                 record.slot = reservation.slot
                 record.promoted_at = self.ledger.clock()
             self.ledger.add(record)
-            for old in self.ledger.superseded(record):
-                self._forget(old)
             if self.disk is not None and not self.disk_degraded:
                 record.pins += 1  # the write holds it until flushed
                 payload = (
