@@ -123,6 +123,10 @@ install_program() {
             die "$PYTHON is $("$PYTHON" -V 2>&1); warmstart needs Python 3.11 or newer"
         "$PYTHON" -m venv "$ROOT$VENV" || die "cannot create a venv: install python3-venv"
     fi
+    # A venv links to its base interpreter: one under /root (pyenv) is closed to the service.
+    runuser -u "$SVC_USER" -- "$ROOT$VENV/bin/python" -c '' 2>/dev/null ||
+        die "the user $SVC_USER cannot run $ROOT$VENV/bin/python (is $PYTHON under /root?);" \
+            "rerun with --python /usr/bin/python3 (3.11 or newer)"
     pip="$ROOT$VENV/bin/python -m pip --disable-pip-version-check"
     llama=""
     [ -f "$SOURCE/pyproject.toml" ] &&
