@@ -14,6 +14,7 @@
 # for packaging and tests: the service user is still created on this machine, since
 # file owners need a real uid, and nothing is started).
 set -eu
+PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin  # useradd, runuser: not on every root PATH (su)
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 SOURCE=$(cd "$HERE/../.." && pwd)
@@ -176,12 +177,22 @@ EOF
     say "wrote $ROOT$CONF (host $host, port $port)"
 }
 
+capability_lines() {  # none at all, unless the port needs binding below 1024
+    port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$ROOT$CONF")
+    if [ "${port:-8765}" -lt 1024 ]; then
+        echo "CapabilityBoundingSet=CAP_NET_BIND_SERVICE"
+        echo "AmbientCapabilities=CAP_NET_BIND_SERVICE"
+    else
+        echo "CapabilityBoundingSet="
+    fi
+}
+
 device_lines() {
     if has_nvidia_gpu; then
         cat <<EOF
-# An NVIDIA GPU was found at install: only its devices are reachable.
+# An NVIDIA GPU was found at install: only its devices are reachable
+# (nvidia-frontend covers /dev/nvidia0..N, nvidiactl and nvidia-modeset).
 DevicePolicy=closed
-DeviceAllow=char-nvidiactl rw
 DeviceAllow=char-nvidia-frontend rw
 DeviceAllow=char-nvidia-uvm rw
 DeviceAllow=char-nvidia-caps rw
@@ -248,7 +259,7 @@ RestrictNamespaces=yes
 LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 SystemCallArchitectures=native
-CapabilityBoundingSet=
+$(capability_lines)
 $(device_lines)
 
 [Install]
