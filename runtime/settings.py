@@ -34,6 +34,26 @@ def default_config_file() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)) / "warmstart.toml"
 
 
+CREDENTIAL_NAME = "warmstart-api-key"
+
+
+def read_api_key(key_file: Any) -> str | None:
+    """The key from ``key_file``, else from the systemd credential ``warmstart-api-key``
+    (``$CREDENTIALS_DIRECTORY``, set by ``LoadCredential=``), so that a service's key
+    never appears on a command line or in its environment. ``None`` when neither."""
+    path = Path(key_file) if key_file else None
+    if path is None:
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        candidate = Path(creds) / CREDENTIAL_NAME if creds else None
+        if candidate is None or not candidate.is_file():
+            return None
+        path = candidate
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:  # becomes a ConfigError naming the file
+        raise ValueError(f"api_key_file {path}: {exc.strerror}") from exc
+
+
 class _TomlSource(PydanticBaseSettingsSource):
     """Reads the flat ``[warmstart]`` table (or top level) of the config file."""
 
@@ -101,9 +121,21 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None, min_length=8, description="Bearer key (required off loopback)"
     )
+    api_key_file: Path | None = Field(
+        None, description="file holding the Bearer key (instead of api_key on a command line)"
+    )
     cors_origins: tuple[str, ...] = Field((), description="origins allowed by CORS (none: off)")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")
     max_queue: int = Field(16, ge=1, le=4096, description="requests waiting before 429")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("api_key"):
+            key = read_api_key(data.get("api_key_file"))
+            if key:
+                data = {**data, "api_key": key}
+        return data
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> Settings:

@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..service import Runtime
 from ..settings import Settings
 from ._app import create_app
+from ._notify import notify_when_ready
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> N
         # Streams in flight get a few seconds to finish, then are cut (and cancelled).
         timeout_graceful_shutdown=5,
     )
+    # under systemd (Type=notify): READY=1 once /health answers, i.e. the model is loaded
+    notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     log.info("serving %s on http://%s:%d/v1", runtime.model_id, settings.host, settings.port)
     try:
         uvicorn.Server(config).run()

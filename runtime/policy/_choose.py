@@ -62,9 +62,10 @@ class _Picks:
 class _Memory:
     """Where the KV lives and how much room each side has, in bytes."""
 
-    gpu_share: float  # fraction of the layers (weights and KV) on the GPU
+    gpu_share: float  # fraction of the layers (weights and KV) in discrete GPU memory
     vram_for_kv: int
     host_free: int  # host RAM left after the OS reserve and the host part of the model
+    unified: bool = False  # Apple silicon: the GPU works in host RAM (gpu_share stays 0)
 
 
 def host_reserve(total: int) -> int:
@@ -94,7 +95,7 @@ def _memory(profile: HardwareProfile, geometry: ModelGeometry, settings: Setting
     mem = profile.memory
     model_host = int((1 - share) * geometry.model_bytes)
     host_free = mem.available - host_reserve(mem.total) - model_host
-    return _Memory(share, max(vram_kv, 0), max(host_free, 0))
+    return _Memory(share, max(vram_kv, 0), max(host_free, 0), profile.unified_memory)
 
 
 def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
@@ -110,9 +111,11 @@ def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
     if mem.gpu_share == 0:
         # On a CPU the RAM pool restores a prefix in milliseconds, while every cell of
         # the live context is allocated and cleared at start (1.7 GB and 2.5 s for 8 x
-        # 8192 cells of the default model on the development machine).
+        # 8192 cells of the default model on the development machine). Metal on Apple
+        # silicon keeps its KV in the same host RAM, so the same holds there.
         tokens = int(CPU_LIVE_KV_BYTES / kvb)
-        limits.append((tokens, f"CPU inference: live KV capped at {_gib(CPU_LIVE_KV_BYTES)}"))
+        where = "unified memory (Metal)" if mem.unified else "CPU inference"
+        limits.append((tokens, f"{where}: live KV capped at {_gib(CPU_LIVE_KV_BYTES)}"))
     return min(limits)
 
 
@@ -181,6 +184,8 @@ def _pool(p: _Picks, mem: _Memory, profile: HardwareProfile, kvb: int) -> tuple[
         cap = profile.memory.total // 2
         if pool > cap:  # page-locked memory cannot be swapped or reclaimed by the kernel
             pool, why = cap, f"capped at half of RAM ({_gib(cap)}): the pool is pinned"
+    elif profile.unified_memory:  # the GPU reads this RAM in place: nothing to pin or cross
+        why += "; unified memory: plain RAM, no PCIe link"
     slot = v["chunk_tokens"] * kvb
     pool = pool // slot * slot
     return pool, f"{_gib(pool)}: {why}"
