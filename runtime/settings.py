@@ -61,7 +61,12 @@ class Settings(BaseSettings):
     model: str = Field("default", description="model: 'default', a pulled name or a GGUF path")
     data_dir: Path = Field(default_factory=default_data_dir, description="models, cache, sessions")
     cache_dir: Path | None = Field(None, description="KV cache directory (default: data_dir/cache)")
-    no_cache: bool = Field(False, description="run without the KV store, for comparison")
+    no_cache: bool = Field(
+        False, description="run without the KV store, for comparison (also keeps no history)"
+    )
+    history: bool = Field(
+        True, description="keep conversation text in sessions.db (off: only the KV cache)"
+    )
 
     # the context
     n_ctx: int | None = Field(None, ge=256, le=262144, description="tokens per conversation")
@@ -99,9 +104,44 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None, min_length=8, description="Bearer key (required off loopback)"
     )
+    api_key_file: Path | None = Field(
+        None, description="a file holding the Bearer key (kept off the command line)"
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host names accepted besides loopback ('*.lan' matches a suffix, "
+        "'*' turns the check off)",
+    )
     cors_origins: tuple[str, ...] = Field((), description="origins allowed by CORS (none: off)")
+    tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for https")
+    tls_key: Path | None = Field(None, description="TLS private key (PEM) for https")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")
     max_queue: int = Field(16, ge=1, le=4096, description="requests waiting before 429")
+    max_messages: int = Field(
+        4096, ge=1, le=1_000_000, description="most messages in one chat request"
+    )
+    max_prompt_chars: int = Field(
+        2_000_000, ge=1, le=1 << 30, description="most characters of prompt text in a request"
+    )
+    max_connections: int = Field(
+        256, ge=4, le=65536, description="open connections at most (also kept under ulimit -n)"
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, le=3600, description="seconds a client has to send its request headers"
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds a client has to send its request body"
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, le=3600, description="seconds an idle keep-alive connection stays open"
+    )
+    send_timeout: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="seconds a streamed reply waits on a client that stopped reading "
+        "before its generation is cancelled",
+    )
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> Settings:

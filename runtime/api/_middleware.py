@@ -18,7 +18,7 @@ from ._metrics import Metrics
 OPEN_PATHS = frozenset({"/health"})
 
 
-async def _send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
+async def send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
     raw = json.dumps(body).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
@@ -47,7 +47,7 @@ class AuthMiddleware:
             "authentication_error",
             code="invalid_api_key",
         )
-        await _send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
+        await send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
 
 
 class BodyLimitMiddleware:
@@ -89,7 +89,7 @@ class BodyLimitMiddleware:
             "invalid_request_error",
             code="request_too_large",
         )
-        await _send_error(send, 413, body, [(b"connection", b"close")])
+        await send_error(send, 413, body, [(b"connection", b"close")])
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
