@@ -74,6 +74,10 @@ class Job:
             t1 = time.perf_counter()
             last = self._tail_start()
             while have < last:
+                if self.stream.cancelled:  # the client went away: stop paying for its prompt
+                    self.report.finish_reason = "cancelled"
+                    self.stream.finish(self.report)
+                    return
                 piece = self.ids[have : min(have + PREFILL_STEP, last)]
                 engine.decode(piece, res.seq, have, want_logits=False)
                 have += len(piece)

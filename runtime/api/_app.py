@@ -33,7 +33,9 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
     # add_middleware wraps: the last added is the outermost.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, limit=settings.max_request_bytes, timeout=settings.body_timeout
+    )
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
     app.add_middleware(CountingMiddleware, metrics=app.state.warmstart.metrics)

@@ -101,6 +101,9 @@ class _Sampled(_Body):
 class ChatCompletionRequest(_Sampled):
     messages: list[ChatMessage] = Field(..., description="the conversation, oldest first")
 
+    def text_chars(self) -> int:
+        return sum(len(m.to_message().content) for m in self.messages)
+
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
         if not self.messages:
             raise RequestError("messages must contain at least one message", "messages")
@@ -115,6 +118,9 @@ class CompletionRequest(_Sampled):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
         ..., description="the text to continue (a list holding one string is accepted)"
     )
+
+    def text_chars(self) -> int:
+        return len(self.prompt if isinstance(self.prompt, str) else self.prompt[0])
 
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
