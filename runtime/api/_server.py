@@ -55,8 +55,9 @@ def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> N
         # Idle keep-alive connections are closed soon; a new request's headers get
         # header_timeout, its body body_timeout (BodyLimitMiddleware).
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
-        # Requests in progress at most: beyond it uvicorn answers 503 at once.
-        limit_concurrency=limits.max_connections,
+        # Requests in progress at most: beyond it uvicorn answers 503 at once. It also
+        # counts connections, which the protocol keeps at max_connections: one more.
+        limit_concurrency=limits.max_connections + 1,
         h11_max_incomplete_event_size=64 << 10,  # request line and headers
         ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
         ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
