@@ -102,7 +102,8 @@ class LocalRuntime:
         self.model_id = path.stem if settings.model not in ("default",) else "default"
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
-        self.book = SessionBook(settings.data_dir / "sessions.db")
+        keep_text = settings.history and not settings.no_cache
+        self.book = SessionBook(settings.data_dir / "sessions.db", keep_text=keep_text)
         staging = None
         if self.store is not None and self.store.pool is not None:
             # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM

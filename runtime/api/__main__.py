@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 
+from .._private import restrict_umask
 from ..errors import ConfigError
 from ..fake import FakeRuntime
 from ..settings import load_settings
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    restrict_umask()
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     try:

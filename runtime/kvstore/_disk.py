@@ -27,6 +27,7 @@ import diskcache
 import numpy as np
 
 from .. import _sqlite
+from .._private import private_dir, private_file
 from ..errors import CacheError, DiskFull
 from . import _codec
 
@@ -88,8 +89,8 @@ class DiskTier:
     """Chunk records under one cache directory, for one model fingerprint."""
 
     def __init__(self, directory: Path, fingerprint: str, level: int, budget_bytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        directory.chmod(0o700)
+        # a symlink or another user's directory is refused, never followed and re-moded
+        private_dir(directory, "cache_dir")
         self.directory = directory
         self.level = level
         self._fp = _codec.fingerprint_digest(fingerprint)
@@ -107,6 +108,8 @@ class DiskTier:
         except (OSError, sqlite3.DatabaseError) as exc:
             raise CacheError(f"cannot open the disk cache in {directory}: {exc}") from exc
         (directory / "blobs").chmod(0o700)
+        for suffix in ("", "-wal", "-shm"):  # diskcache's own index, created by it
+            private_file(directory / "blobs" / f"cache.db{suffix}")
 
     def rows(self) -> Iterator[IndexRow]:
         """Every indexed chunk of this fingerprint (no blob is read)."""
