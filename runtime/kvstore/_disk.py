@@ -191,6 +191,23 @@ class DiskTier:
     def volume(self) -> int:
         return int(self._blobs.volume())
 
+    def present(self) -> set[bytes]:
+        """Keys whose blob really exists now: diskcache's LRU culls blobs to stay in
+        budget without telling the index, so the index alone overstates the tier."""
+        return {bytes.fromhex(k) for k in self._blobs.iterkeys() if isinstance(k, str)}
+
+    def bytes_on_disk(self) -> int:
+        """Bytes the cache directory really occupies (allocated blocks of every file)."""
+        total = 0
+        for root, _dirs, files in os.walk(self.directory):
+            for name in files:
+                try:
+                    info = os.lstat(os.path.join(root, name))
+                except FileNotFoundError:  # culled while we walked
+                    continue
+                total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+        return total
+
     def clear(self) -> None:
         self._blobs.clear(retry=True)
         with self._lock:
