@@ -97,6 +97,10 @@ class Job:
             for end in self.cuts:
                 if end <= have:
                     continue
+                if self.stream.cancelled:  # the client went away: stop paying for its prompt
+                    self.report.finish_reason = "cancelled"
+                    self.stream.finish(self.report)
+                    return
                 last = end == len(self.ids)
                 engine.prefill(res, self.ids[have:end], want_logits=last)
                 have = end

@@ -102,7 +102,8 @@ class LocalRuntime:
         self.model_id = path.stem if settings.model not in ("default",) else "default"
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
-        self.book = SessionBook(settings.data_dir / "sessions.db")
+        keep_text = settings.history and not settings.no_cache
+        self.book = SessionBook(settings.data_dir / "sessions.db", keep_text=keep_text)
         staging = None
         if self.store is not None:
             # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and
@@ -152,8 +153,15 @@ class LocalRuntime:
         if not 0.0 < s.top_p <= 1.0:
             raise RequestError("top_p must be in (0, 1]", param="top_p")
 
+    def _check_room(self) -> None:
+        """Busy before any work: tokenizing a large prompt must not precede the 429."""
+        with self._cv:
+            if len(self._waiting) >= self.settings.max_queue:
+                raise Busy(retry_after=2.0)
+
     def count_tokens(self, request: Request) -> int:
         self._validate(request)
+        self._check_room()
         return len(self.engine.prompt_ids(request)[0])
 
     def generate(self, request: Request) -> Stream:
@@ -169,6 +177,7 @@ class LocalRuntime:
 
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
+        self._check_room()
         ids, anchor = self.engine.prompt_ids(request)
         if len(ids) >= self.n_ctx:
             raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)

@@ -25,6 +25,7 @@ from ..kvstore._keys import common_prefix
 from ..types import Request, Sampling
 from . import _kvblob
 from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
+from ._prompt import PromptTokenizer
 from ._sampling import Sampler
 from ._template import ChatTemplate
 
@@ -143,6 +144,7 @@ class Engine:
             self.bos_text,
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
+        self.prompter = PromptTokenizer(self.model)
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -179,20 +181,19 @@ class Engine:
     # prompts --------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> tuple[list[int], int]:
         """Token ids of the request's prompt, and the anchor: where the leading system
-        message ends (0 when there is none or it cannot be located exactly)."""
+        message ends (0 when there is none or it cannot be located exactly).
+        Message contents are plain text: only the template's markup holds control
+        tokens (a raw completion prompt is the client's own markup, parsed whole)."""
         if request.prompt is not None:
-            return self._tokenize(request.prompt), 0
-        ids = self._tokenize(self.template.render(request.messages, add_generation_prompt=True))
+            return self.prompter.ids([(request.prompt, True)]), 0
+        parts = self.template.render_parts(request.messages, add_generation_prompt=True)
+        ids = self.prompter.chat_ids(parts, request.messages)
         system = [m for m in request.messages[:1] if m.role == "system"]
         if not system or len(request.messages) < 2:
             return ids, 0
-        head = self._tokenize(self.template.render(system, add_generation_prompt=False))
+        head = self.prompter.ids(self.template.render_parts(system, add_generation_prompt=False))
         anchor = len(head) if ids[: len(head)] == head else 0
         return ids, anchor
-
-    def _tokenize(self, text: str) -> list[int]:
-        add = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        return self.model.tokenize(text, add_special=add, parse_special=True)
 
     # residents --------------------------------------------------------------------
     def claim(

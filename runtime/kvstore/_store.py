@@ -323,7 +323,11 @@ class TieredStore:
         self._writes.join()
 
     def stats(self) -> dict[str, Any]:
+        """Counts from what is really there: the disk figures come from the blobs on
+        disk (after diskcache's evictions), not from what was once written."""
+        present = self.disk.present() if self.disk is not None else set()
         with self._lock:
+            self._forget_culled(present)
             records = list(self.ledger.records.values())
             ram = [r for r in records if r.slot is not None]
             out: dict[str, Any] = {
@@ -340,13 +344,21 @@ class TieredStore:
                     "chunks": sum(1 for r in records if r.on_disk),
                     "tokens": sum(len(r.tokens) for r in records if r.on_disk),
                     "kv_bytes": sum(r.nbytes for r in records if r.on_disk),
-                    "used_bytes": self.disk.volume() if self.disk else 0,
+                    "used_bytes": self.disk.bytes_on_disk() if self.disk else 0,
                     "degraded": self.disk_degraded,
                 },
                 "pending_writes": self._writes.qsize(),
             }
             out.update(self.counters)
             return out
+
+    def _forget_culled(self, present: set[bytes]) -> None:
+        """Records whose blob diskcache evicted are no longer on disk (lock held)."""
+        for record in list(self.ledger.records.values()):
+            if record.on_disk and record.key not in present and not record.pins:
+                record.on_disk = False
+                if record.slot is None:
+                    self.ledger.remove(record.key)
 
     def clear(self) -> None:
         self.flush()

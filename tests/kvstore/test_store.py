@@ -111,3 +111,25 @@ def test_a_tail_stays_beside_the_longer_chunk(tmp_path: Path) -> None:
     assert tail.key in store
     assert [h.record for h in store.lookup([1, 2, 9], [2])] == [tail]
     store.close()
+
+
+def test_stats_count_what_is_on_disk_after_evictions(tmp_path: Path) -> None:
+    """diskcache culls blobs to stay in budget; the stats must follow the files."""
+    tier = DiskTier(tmp_path, "fp", 0, 64 << 10)  # room for a few 6 KB chunks only
+    store = TieredStore("fp", RamPool(4 * SLOT, SLOT), tier, min_residency_s=0)  # type: ignore[arg-type]
+    parent = store.root
+    for i in range(40):
+        parent = put(store, parent, 2 * i, [i, i], blob(i)).key
+        store.flush()
+    stats = store.stats()["disk"]
+    files = [p for p in (tmp_path / "blobs").rglob("*.val")]
+    on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert stats["chunks"] == len(tier.present()) < 40
+    assert stats["chunks"] >= len(files)
+    assert stats["tokens"] == 2 * stats["chunks"]
+    assert stats["used_bytes"] >= on_disk * 0.5 and stats["used_bytes"] < 4 * on_disk + (1 << 20)
+    for key in list(tier.present()):
+        tier.delete(key)
+    emptied = store.stats()["disk"]
+    assert emptied["chunks"] == 0 and emptied["tokens"] == 0 and emptied["kv_bytes"] == 0
+    store.close()
