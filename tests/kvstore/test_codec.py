@@ -31,3 +31,12 @@ def test_corrupt_truncated_and_foreign_records_are_refused() -> None:
     record[0:4] = b"NOPE"
     with pytest.raises(CacheError, match="magic"):
         _codec.decode(bytes(record), FP, KEY)
+
+
+def test_a_record_of_the_unified_cache_format_is_refused() -> None:
+    # format 1 held chunks cut through a scratch sequence of a unified KV cache: their
+    # blobs no longer load into a stream per conversation, so they are dropped unread
+    record = bytearray(_codec.encode(PAYLOAD, KEY, FP, 0))
+    record[4:6] = (1).to_bytes(2, "little")
+    with pytest.raises(CacheError, match="format 1"):
+        _codec.decode(bytes(record), FP, KEY)
