@@ -23,7 +23,7 @@ import numpy as np
 
 from .engine._engine import Engine, Resident
 from .engine._text import TextAssembler
-from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key
+from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
@@ -94,16 +94,14 @@ class Job:
                 self._release(hits)
             yield
             t1 = time.perf_counter()
-            for end in self.cuts:
-                if end <= have:
-                    continue
+            for ends in self._decodes(have, self.cuts):
                 if self.stream.cancelled:  # the client went away: stop paying for its prompt
                     self.report.finish_reason = "cancelled"
                     self.stream.finish(self.report)
                     return
-                last = end == len(self.ids)
-                engine.prefill(res, self.ids[have:end], want_logits=last)
-                have = end
+                last = ends[-1] == len(self.ids)
+                engine.prefill(res, self.ids[have : ends[-1]], want_logits=last, ends=ends)
+                have = ends[-1]
                 if not last:
                     yield
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
@@ -128,6 +126,10 @@ class Job:
             if sampler is not None:
                 sampler.close()
             engine.release(res)
+
+    def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
+        tuning = self.env.tuning
+        return decode_groups(have, cuts, tuning.chunk_tokens, tuning.merge_batch_tokens)
 
     # step 1: the longest prefix worth restoring ------------------------------------------
     def _lookup(self) -> list[Hit]:
@@ -286,9 +288,9 @@ class Job:
         if not targets:
             return None
         engine.trim(res, keep)
-        for end in targets:
+        for ends in self._decodes(keep, targets):
             yield
-            engine.prefill(res, tokens[len(res.tokens) : end], want_logits=False)
+            engine.prefill(res, tokens[len(res.tokens) : ends[-1]], want_logits=False, ends=ends)
         return self._keep(res, [b for b in res.bounds if b <= targets[-1]])
 
     def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:

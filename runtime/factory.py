@@ -60,6 +60,9 @@ class _CalibrationTarget:
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]:
         return self._get().time_state_roundtrip(n_tokens)
 
+    def batch_invariant(self, unit: int, units: int) -> bool:
+        return self._get().batch_invariant(unit, units)
+
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close(close_model=False)

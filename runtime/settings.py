@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     decode_threads: int | None = Field(
         None, ge=1, le=512, description="CPU threads for one-token decode steps (default: all)"
     )
+    merge_batch_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=8192,
+        description="prefill whole aligned chunks together up to this many tokens, where "
+        "the calibration found that a token gets the same KV bits either way (0: never)",
+    )
     exact_replies: bool = Field(
         True,
         description="re-prefill each reply in aligned batches after it is sent, so that a "

@@ -270,14 +270,22 @@ class Engine:
         res.tokens, res.bounds, res.session = [], [], None
 
     # computing ------------------------------------------------------------------------
-    def prefill(self, res: Resident, tokens: Sequence[int], want_logits: bool) -> None:
-        """Computes ``tokens`` as one batch after what ``res`` holds."""
+    def prefill(
+        self,
+        res: Resident,
+        tokens: Sequence[int],
+        want_logits: bool,
+        ends: Sequence[int] = (),
+    ) -> None:
+        """Computes ``tokens`` in one decode after what ``res`` holds. ``ends``: the batch
+        ends inside it that it stands for (whole chunks merged where that gives the same
+        KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch."""
         n = len(res.tokens)
         if self.ctx.decode(list(tokens), res.seq, n, want_logits) != 0:
             raise EngineError("the conversation's KV stream is full")
         res.copy_pending = False
         res.tokens.extend(tokens)
-        res.bounds.append(len(res.tokens))
+        res.bounds.extend(ends or (len(res.tokens),))
 
     def step(self, res: Resident, token: int) -> None:
         """Decodes one generated token (a batch of its own)."""
@@ -360,6 +368,24 @@ class Engine:
         if not ok:
             raise EngineError("calibration: llama.cpp refused its own state blob")
         return out[:n].tobytes(), t1 - t0, t2 - t1
+
+    def batch_invariant(self, unit: int, units: int) -> bool:
+        """Do tokens prefilled as one batch of ``unit * units`` get the KV bytes they get
+        in batches of ``unit``? (After a short prefix, so attention has history.)"""
+        ids = self.model.tokenize("Batch shapes and rounding. " * (units * unit), add_special=False)
+        ids = ids[: 16 + unit * units]
+        res, chunks = self.residents[self.scratch], []
+        for split in ([unit * units], [unit] * units):
+            self.evict(res)
+            self.prefill(res, ids[:16], want_logits=False)
+            for n in split:
+                self.prefill(res, ids[len(res.tokens) : len(res.tokens) + n], want_logits=False)
+            out = np.empty(self.blob_bytes(unit * units), dtype=np.uint8)
+            self.cut(self.snapshot(res.seq), 16, len(res.tokens), out)
+            chunks.append(out)
+        self.evict(res)
+        self.evictions = 0
+        return bool(np.array_equal(chunks[0], chunks[1]))
 
     def close(self, close_model: bool = True) -> None:
         self.ctx.close()

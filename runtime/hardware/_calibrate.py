@@ -32,6 +32,9 @@ ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
 _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
+# chunks of MERGE_UNIT tokens may be prefilled MERGE_UNITS at a time where that gives
+# the same KV bits (a CPU's kernels may pick another path for another batch size)
+MERGE_UNIT, MERGE_UNITS = 64, 4
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
 
@@ -44,6 +47,8 @@ class CalibrationTarget(Protocol):
     the scratch sequence with ``n`` tokens, then returns the real KV blob
     (``llama_state_seq_get_data``), the seconds the get took and the seconds
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
+    ``batch_invariant(unit, units)``: whether tokens prefilled as one batch of
+    ``unit * units`` get the same KV bytes as prefilled in batches of ``unit``.
     """
 
     fingerprint: str
@@ -52,6 +57,8 @@ class CalibrationTarget(Protocol):
     def time_prefill(self, n_tokens: int) -> float: ...
 
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]: ...
+
+    def batch_invariant(self, unit: int, units: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ class Calibration:
     h2d_pageable_gbps: float | None = None
     d2h_pinned_gbps: float | None = None
     d2h_pageable_gbps: float | None = None
+    # a token's KV has the same bits in one batch of merge_max tokens as in batches of
+    # merge_unit (0: not so on this machine, or not measured)
+    merge_unit: int = 0
+    merge_max: int = 0
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
 
@@ -170,6 +181,8 @@ def calibrate(
     short, short_s, long, long_s = _measure_prefill(target, profile)
     say("KV state get/set", 0.45)
     blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
+    say("batch invariance", 0.6)
+    merge = MERGE_UNIT * MERGE_UNITS if target.batch_invariant(MERGE_UNIT, MERGE_UNITS) else 0
     say("RAM copy", 0.65)
     ram = ram_copy_gbps()
     say("host<->device copies", 0.7)
@@ -201,6 +214,8 @@ def calibrate(
         h2d_pageable_gbps=link.get("h2d_pageable"),
         d2h_pinned_gbps=link.get("d2h_pinned"),
         d2h_pageable_gbps=link.get("d2h_pageable"),
+        merge_unit=MERGE_UNIT if merge else 0,
+        merge_max=merge,
         seconds=time.perf_counter() - started,
         measured_at=time.time(),
     )

@@ -55,6 +55,24 @@ def aligned_cuts(start: int, end: int, chunk_tokens: int, anchor: int = 0) -> li
     return sorted(cuts)
 
 
+def decode_groups(have: int, cuts: Sequence[int], chunk_tokens: int, most: int) -> list[list[int]]:
+    """The batch ends after ``have``, grouped into decode calls: one batch each, or runs
+    of whole aligned chunks together, up to ``most`` tokens a call (where the machine
+    gives every token the same KV bits that way; 0: never)."""
+    groups: list[list[int]] = []
+    start = prev = have
+    merging = False  # the last group is whole chunks only
+    for end in (c for c in cuts if c > have):
+        whole = end - prev == chunk_tokens and prev % chunk_tokens == 0
+        if groups and whole and merging and end - start <= most:
+            groups[-1].append(end)
+        else:
+            groups.append([end])
+            start, merging = prev, whole
+        prev = end
+    return groups
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0

@@ -262,6 +262,23 @@ def _prewarm(p: _Picks, rates: Rates, kvb: int) -> tuple[int, str]:
     return count, f"min(half the pool: {by_pool}, {PREWARM_SECONDS:.0f} s of disk reads: {by_time})"
 
 
+def _merge(calibration: Calibration | None, chunk: int) -> tuple[int, str]:
+    if calibration is None or not calibration.merge_unit:
+        why = (
+            "not measured"
+            if calibration is None
+            else ("this machine's kernels give a token other KV bits in a larger batch")
+        )
+        return 0, f"{why}: every prefill batch is one chunk"
+    unit, most = calibration.merge_unit, calibration.merge_max
+    if chunk != unit:
+        return 0, f"chunks of {chunk} tokens: merging was verified for {unit}-token chunks only"
+    return most, (
+        f"measured: a {most}-token batch gives each token the KV bits of {unit}-token "
+        f"batches here, so whole chunks are prefilled {most // unit} at a time"
+    )
+
+
 def choose(
     profile: HardwareProfile,
     calibration: Calibration | None,
@@ -292,6 +309,7 @@ def choose(
     p.pick("disk_budget_bytes", lambda: _disk_budget(profile))
     p.pick("swap_in_threshold_tokens", lambda: _threshold(rates, kvb, n_ctx))
     p.pick("prewarm_sessions", lambda: _prewarm(p, rates, kvb))
+    p.pick("merge_batch_tokens", lambda: _merge(calibration, p.values["chunk_tokens"]))
     reasons = dict(p.reasons)
     for name in ("chunk_tokens", "swap_in_threshold_tokens", "prewarm_sessions"):
         if reasons[name] != "set by the user":  # the values that rest on the rates

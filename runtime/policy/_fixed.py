@@ -21,6 +21,7 @@ def fixed_tuning(settings: Settings, geometry: ModelGeometry) -> Tuning:
         "low_watermark": 0.7,
         "zstd_level": 1,
         "prewarm_sessions": 4,
+        "merge_batch_tokens": 0,
     }
     reasons = dict.fromkeys(chosen, "fixed default (machine not measured)")
     for name in chosen:

@@ -46,6 +46,7 @@ class Tuning:
     low_watermark: float
     zstd_level: int
     prewarm_sessions: int
+    merge_batch_tokens: int = 0  # 0: every prefill batch is one chunk
     reasons: dict[str, str] = field(default_factory=dict, compare=False)
 
     def report(self) -> dict[str, dict[str, Any]]:

@@ -47,6 +47,10 @@ class FakeTarget:
         blob = kv.tobytes()
         return blob, len(blob) / 1e9, 0.0001 + len(blob) / (self.set_gbps * 1e9)
 
+    def batch_invariant(self, unit: int, units: int) -> bool:
+        self.calls.append(("invariance", unit * units))
+        return True
+
 
 @pytest.fixture(autouse=True)
 def _small_io(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from warmstart.runtime.kvstore._keys import (
     batch_cuts,
     chunk_key,
     common_prefix,
+    decode_groups,
     root_key,
 )
 
@@ -55,3 +56,14 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([5, 6], [5, 6]) == 2
+
+
+def test_whole_chunks_are_merged_only_where_allowed() -> None:
+    cuts = batch_cuts(600, 64, anchor=100)  # 64, 100, 128, ..., 576, 598, 600
+    assert decode_groups(0, cuts, 64, 0) == [[c] for c in cuts]
+    groups = decode_groups(0, cuts, 64, 256)
+    assert groups[:3] == [[64], [100], [128]]  # the anchor splits two chunks
+    assert groups[3:5] == [[192, 256, 320, 384], [448, 512, 576]]
+    assert groups[5:] == [[598], [600]]
+    assert [c for g in groups for c in g] == cuts
+    assert decode_groups(320, cuts, 64, 256)[0] == [384, 448, 512, 576]

@@ -165,6 +165,7 @@ OVERRIDES: dict[str, Any] = {
     "low_watermark": 0.4,
     "zstd_level": 3,
     "prewarm_sessions": 2,
+    "merge_batch_tokens": 512,
 }
 
 
@@ -277,3 +278,18 @@ def test_cpu_live_context_is_capped_and_the_pool_takes_the_rest(model: Any) -> N
     assert t.ram_pool_bytes > live
     gpu = choose(RTX4090, calibration_for(RTX4090), model, load_settings())
     assert "CPU inference" not in gpu.reasons["n_ctx"]
+
+
+def test_whole_chunks_merge_only_where_measured_and_for_the_measured_size() -> None:
+    from dataclasses import replace
+
+    laptop = MACHINES["laptop"]
+    measured = calibration_for(laptop)
+    chunk = choose(laptop, measured, LLAMA_8B, load_settings()).chunk_tokens
+    same = replace(measured, merge_unit=chunk, merge_max=4 * chunk)
+    assert choose(laptop, same, LLAMA_8B, load_settings()).merge_batch_tokens == 4 * chunk
+    other = replace(measured, merge_unit=chunk * 2, merge_max=8 * chunk)
+    t = choose(laptop, other, LLAMA_8B, load_settings())
+    assert t.merge_batch_tokens == 0 and "verified" in t.reasons["merge_batch_tokens"]
+    never = choose(laptop, measured, LLAMA_8B, load_settings())
+    assert never.merge_batch_tokens == 0 and never.reasons["merge_batch_tokens"]
