@@ -70,6 +70,7 @@ class Job:
         self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
+        self.background = False  # the client has its answer: what is left can wait
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
@@ -116,6 +117,7 @@ class Job:
             # key follows once they are captured
             self._save_session(None, len(res.tokens))
             self.stream.finish(self.report)
+            self.background = True
             yield
             if self.env.store is not None and self.promotions:
                 self.env.store.promote(self.promotions)

@@ -221,6 +221,12 @@ class LocalRuntime:
                     self._idle.set()
 
     def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
+        # work whose client already has its answer (capture, a reply's re-prefill) waits
+        # while any request still has a client waiting
+        for _ in range(len(active)):
+            if not active[0][0].background:
+                break
+            active.rotate(-1)
         job, steps = active.popleft()
         try:
             next(steps)

@@ -135,7 +135,6 @@ class Engine:
             ),
         )
         self.n_ctx = int(self.ctx.n_ctx) // n_seq
-        self.scratch = 0  # calibration engines have one sequence and no residents' use
         self.residents = [Resident(seq) for seq in range(n_seq)]
         self.evictions = 0  # conversations pushed out of the live context
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
@@ -163,15 +162,16 @@ class Engine:
         """The KV layout of this context, read from a real blob of a few tokens."""
         probe = self.model.tokenize("warm start " * 8, add_special=False)[:8]
         probe += [probe[-1]] * (8 - len(probe))
-        self.ctx.decode(probe, self.scratch, 0, want_logits=False)
+        seq = 0  # before any resident holds anything
+        self.ctx.decode(probe, seq, 0, want_logits=False)
         # the shapes every request uses (a two-token tail with logits, a one-token
         # step) run once here, so a first request after start pays no warm-up
-        self.ctx.decode(probe[:2], self.scratch, 8)
-        self.ctx.decode(probe[:1], self.scratch, 10)
+        self.ctx.decode(probe[:2], seq, 8)
+        self.ctx.decode(probe[:1], seq, 10)
         try:
-            layout = self.snapshot(self.scratch)[0]
+            layout = self.snapshot(seq)[0]
         finally:
-            self.ctx.seq_rm(self.scratch)
+            self.ctx.seq_rm(seq)
         return layout
 
     def blob_bytes(self, n_tokens: int) -> int:
@@ -339,6 +339,15 @@ class Engine:
         return True
 
     # calibration target ------------------------------------------------------------------
+    def _probe_seq(self) -> int:
+        """An emptied sequence for a measurement: the least useful idle resident (in a
+        calibration engine, its only one)."""
+        res = min(
+            (r for r in self.residents if not r.busy), key=lambda r: (bool(r.tokens), r.last_used)
+        )
+        self.evict(res)
+        return res.seq
+
     def time_prefill(self, n_tokens: int) -> float:
         ids = (
             self.model.tokenize(
@@ -346,10 +355,11 @@ class Engine:
             )
             * 8
         )[:n_tokens]
+        seq = self._probe_seq()
         t0 = time.perf_counter()
-        self.ctx.decode(ids, self.scratch, 0)
+        self.ctx.decode(ids, seq, 0)
         elapsed = time.perf_counter() - t0
-        self.ctx.seq_rm(self.scratch)
+        self.ctx.seq_rm(seq)
         return elapsed
 
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]:
@@ -357,14 +367,15 @@ class Engine:
             self.model.tokenize("Calibration text for a KV state copy. " * 64, add_special=False)
             * 8
         )[:n_tokens]
-        self.ctx.decode(ids, self.scratch, 0, want_logits=False)
-        out = np.empty(self.ctx.state_size(self.scratch), dtype=np.uint8)
+        seq = self._probe_seq()
+        self.ctx.decode(ids, seq, 0, want_logits=False)
+        out = np.empty(self.ctx.state_size(seq), dtype=np.uint8)
         t0 = time.perf_counter()
-        n = self.ctx.state_get_into(self.scratch, out)
+        n = self.ctx.state_get_into(seq, out)
         t1 = time.perf_counter()
-        ok = self.ctx.state_set(self.scratch, out[:n])
+        ok = self.ctx.state_set(seq, out[:n])
         t2 = time.perf_counter()
-        self.ctx.seq_rm(self.scratch)
+        self.ctx.seq_rm(seq)
         if not ok:
             raise EngineError("calibration: llama.cpp refused its own state blob")
         return out[:n].tobytes(), t1 - t0, t2 - t1
@@ -374,7 +385,7 @@ class Engine:
         in batches of ``unit``? (After a short prefix, so attention has history.)"""
         ids = self.model.tokenize("Batch shapes and rounding. " * (units * unit), add_special=False)
         ids = ids[: 16 + unit * units]
-        res, chunks = self.residents[self.scratch], []
+        res, chunks = self.residents[self._probe_seq()], []
         for split in ([unit * units], [unit] * units):
             self.evict(res)
             self.prefill(res, ids[:16], want_logits=False)
