@@ -191,6 +191,10 @@ class ApiClient:
         try:
             data = self._json("GET", f"{self.root_url}/health", keyed=False)
         except ApiError as exc:
+            if self._must_verify and exc.status in (401, 403):
+                # warmstart's /health is open: whatever wants a key there is not ours
+                reason = f"it asks for a key on /health (HTTP {exc.status})"
+                raise UntrustedServer(self.base_url, reason) from exc
             if exc.status != 404:
                 raise
             # A plain OpenAI-compatible server may have no /health: answering is enough.

@@ -28,6 +28,16 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def private_dir_files(path: Path) -> Path:
+    """:func:`private_dir`, and every file in it tightened to 0600 (what an older
+    version left readable: logs, window state, databases)."""
+    private_dir(path)
+    for child in path.iterdir():
+        if child.is_file() and not child.is_symlink():
+            private_file(child)
+    return path
+
+
 def private_file(path: Path, *, create: bool = False) -> Path:
     """Tightens ``path`` to 0600; with ``create``, makes it (empty, 0600) when missing.
 

@@ -26,7 +26,7 @@ from ..core.launcher import (
     serve_command,
 )
 from ..core.preferences import Preferences
-from ..core.private import private_dir, private_file
+from ..core.private import private_dir_files, private_file
 from ..core.report import TIER_LABELS
 from ..core.secret_store import KeyringOrFile, SecretStore
 from ..core.store import Conversation, ConversationStore
@@ -62,7 +62,7 @@ class WarmstartApp:
         secrets: SecretStore | None = None,
     ) -> None:
         self.options = options
-        private_dir(options.data_dir)
+        private_dir_files(options.data_dir)
         self.secrets = secrets or KeyringOrFile(options.data_dir)
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
         prefs = Preferences.load(self.store, self.secrets)
