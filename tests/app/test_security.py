@@ -245,7 +245,6 @@ def test_the_key_file_is_private_and_is_removed_on_stop(tmp_path, loose_umask):
             time.sleep(0.05)
         assert "from-the-environment" not in log.read_text()
     finally:
-        api.close()
         server.stop()
     assert not key_file.exists()
 
