@@ -2,6 +2,10 @@
 
 All I/O goes through one ``httpx`` transport, so tests pass ``httpx.MockTransport``.
 httpx's errors are translated here, at the boundary, into :mod:`app.core.errors`.
+
+A client made with ``verify=True`` (the app's own local server) sends its key and
+messages only to a server it has checked first: one that refuses a request without
+the key (401) and accepts the app's key; see :meth:`ApiClient.verify`.
 """
 
 from __future__ import annotations
@@ -10,12 +14,19 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
-from .errors import ApiError, ProtocolError, ServerUnavailable, api_error_class
+from .errors import (
+    ApiError,
+    ProtocolError,
+    ServerBusy,
+    ServerUnavailable,
+    UntrustedServer,
+    api_error_class,
+)
 from .report import ReplyReport
 from .sse import DONE, iter_sse_json
 from .types import (
@@ -76,26 +87,86 @@ class ApiClient:
         *,
         api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        verify: bool = False,
+        before_key: Callable[[], None] | None = None,
     ) -> None:
+        """``verify``: check the server (see :meth:`verify`) before the key or any
+        message goes to it. ``before_key`` runs first and raises
+        :class:`UntrustedServer` when the app knows the server is not its own (it did
+        not start one, or the one it started is not the one listening)."""
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._transport = transport
         self._client = self._new_client(QUICK_TIMEOUT)
+        # /health and the check without the key never carry it
+        self._bare = httpx.Client(transport=transport, timeout=QUICK_TIMEOUT)
+        self._must_verify = verify
+        self._before_key = before_key
+        self._verified = threading.Event()
+        self._verify_lock = threading.Lock()
 
     def _new_client(self, timeout: httpx.Timeout) -> httpx.Client:
         return httpx.Client(headers=self._headers, transport=self._transport, timeout=timeout)
 
     def close(self) -> None:
         self._client.close()
+        self._bare.close()
+
+    # -- is this the server we mean? -----------------------------------------------------
+
+    def verify(self) -> None:
+        """Raises :class:`UntrustedServer` unless the server is the one holding our key.
+
+        In this order, so that nothing of value reaches an impostor: ``before_key``;
+        a request without the key, which must get 401 (a server that answers anything
+        is not ours, and never sees the key); then one with the key, which must get
+        200. Done once, and again after the server has gone away (another process
+        may have taken its port). A no-op for a client made without ``verify``."""
+        if not self._must_verify or self._verified.is_set():
+            return
+        with self._verify_lock:
+            if self._verified.is_set():
+                return
+            if self._before_key is not None:
+                self._before_key()
+            url = f"{self.base_url}/models"
+            status = self._status(self._bare, url)
+            if status == 503:  # overloaded: neither trusted nor refused yet
+                raise ServerBusy(503, "busy")
+            if status != 401:
+                reason = f"it answers without the app's key (HTTP {status} instead of 401)"
+                raise UntrustedServer(self.base_url, reason)
+            status = self._status(self._client, url)
+            if status == 503:
+                raise ServerBusy(503, "busy")
+            if status != 200:
+                reason = f"it does not accept the app's key (HTTP {status})"
+                raise UntrustedServer(self.base_url, reason)
+            self._verified.set()
+
+    def _status(self, client: httpx.Client, url: str) -> int:
+        try:
+            return client.get(url).status_code
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(self.base_url, type(exc).__name__) from exc
+
+    def _lost(self, exc: httpx.TransportError) -> ServerUnavailable:
+        self._verified.clear()  # whatever answers next on this port is checked again
+        return ServerUnavailable(self.base_url, type(exc).__name__)
 
     # -- plain requests ------------------------------------------------------------------
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self, method: str, url: str, *, keyed: bool = True, **kwargs: Any
+    ) -> httpx.Response:
+        if keyed:
+            self.verify()
         try:
-            response = self._client.request(method, url, **kwargs)
+            client = self._client if keyed else self._bare
+            response = client.request(method, url, **kwargs)
         except httpx.TransportError as exc:
-            raise ServerUnavailable(self.base_url, type(exc).__name__) from exc
+            raise self._lost(exc) from exc
         if response.status_code >= 400:
             raise _error_from_response(response)
         return response
@@ -118,8 +189,12 @@ class ApiClient:
 
     def health(self) -> Health:
         try:
-            data = self._json("GET", f"{self.root_url}/health")
+            data = self._json("GET", f"{self.root_url}/health", keyed=False)
         except ApiError as exc:
+            if self._must_verify and exc.status in (401, 403):
+                # warmstart's /health is open: whatever wants a key there is not ours
+                reason = f"it asks for a key on /health (HTTP {exc.status})"
+                raise UntrustedServer(self.base_url, reason) from exc
             if exc.status != 404:
                 raise
             # A plain OpenAI-compatible server may have no /health: answering is enough.
@@ -227,13 +302,17 @@ class HttpChatStream:
                 response.close()
 
     def __iter__(self) -> Iterator[ChatEvent]:
+        self._api.verify()  # before a byte of the conversation leaves the app
         # Each reply gets its own connection, so closing it to stop cannot disturb others.
         client = self._api._new_client(CHAT_TIMEOUT)
         started = time.perf_counter()
         state: dict[str, Any] = {"ttft": None, "n": 0, "finish": None, "usage": None, "x": None}
         try:
             yield from self._events(client, started, state)
-        except (httpx.TransportError, httpx.StreamError) as exc:
+        except httpx.TransportError as exc:
+            if not self._cancelled.is_set():
+                raise self._api._lost(exc) from exc
+        except httpx.StreamError as exc:
             if not self._cancelled.is_set():
                 raise ServerUnavailable(self._api.base_url, type(exc).__name__) from exc
         finally:

@@ -4,6 +4,8 @@
 
     AppError
     ├── ServerUnavailable       nothing answers at the base URL (refused, timed out, DNS)
+    ├── UntrustedServer         something answers where the app's own server should, but
+    │                           it is not that server: it gets neither messages nor key
     ├── ProtocolError           something answered, but not in the OpenAI shape
     ├── StoreError              the local conversation database cannot be used
     └── ApiError                the server answered with an OpenAI-shaped error (4xx/5xx)
@@ -26,6 +28,17 @@ class ServerUnavailable(AppError):
         super().__init__(f"no server answers at {base_url}" + (f" ({detail})" if detail else ""))
         self.base_url = base_url
         self.detail = detail
+
+
+class UntrustedServer(AppError):
+    """What answers at the base URL is not the server the app started (or expects).
+
+    Raised before the app's key or any message is sent to it."""
+
+    def __init__(self, base_url: str, reason: str) -> None:
+        super().__init__(f"refused the server at {base_url}: {reason}")
+        self.base_url = base_url
+        self.reason = reason
 
 
 class ProtocolError(AppError):
@@ -97,6 +110,13 @@ def describe(error: BaseException) -> str:
         return (
             f"The server at {error.base_url} is not answering. "
             "The app keeps trying and reconnects as soon as it is back."
+        )
+    if isinstance(error, UntrustedServer):
+        return (
+            f"Refused the server at {error.base_url}: {error.reason}. The app sent it "
+            "neither your messages nor its key. Stop whatever listens there, or, to use "
+            "a server you run yourself, turn off “Start a local server” in Settings and "
+            "give its URL and key."
         )
     if isinstance(error, ContextFull):
         return (

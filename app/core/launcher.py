@@ -1,22 +1,43 @@
-"""Starting a local ``warmstart serve`` when nothing answers at a loopback base URL."""
+"""Starting a local ``warmstart serve`` when nothing answers at a loopback base URL.
+
+The server gets a fresh random key through a 0600 file (``WARMSTART_API_KEY_FILE``),
+never on its command line, where every local user could read it in ``ps``. Its
+output goes through a pipe into a rotated log, so a chatty server cannot fill the
+disk.
+"""
 
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 from urllib.parse import urlsplit
 
-from .errors import AppError, ServerBusy, ServerUnavailable
+import psutil
+
+from .errors import AppError, ServerBusy, ServerUnavailable, UntrustedServer
+from .private import private_file, write_private
 from .types import Health
 
 log = logging.getLogger(__name__)
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+KEY_FILE = "server-key"
+LOG_BYTES = 1 << 20  # per file; the log and two old ones stay under 3 MiB
+LOG_BACKUPS = 2
+
+
+def new_key() -> str:
+    """A fresh key for one run of the local server (256 bits, no whitespace)."""
+    return secrets.token_urlsafe(32)
 
 
 def is_loopback(base_url: str) -> bool:
@@ -49,36 +70,125 @@ def override_env(overrides: Mapping[str, object]) -> dict[str, str]:
     return {f"WARMSTART_{k.upper()}": str(v) for k, v in overrides.items() if v not in (None, "")}
 
 
+class _PrivateRotatingHandler(logging.handlers.RotatingFileHandler):
+    """Rotates like its base, and every file it opens is 0600 from creation."""
+
+    def _open(self) -> Any:
+        path = Path(self.baseFilename)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        private_file(path)  # one left looser by an older version
+        return open(fd, "a", encoding="utf-8", errors="replace")
+
+
+def _copy_output(stream: IO[bytes], handler: logging.Handler) -> None:
+    """Drains the server's output into the log (a pipe nobody drains would block it)."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+    handler.close()
+
+
+def _connections(process: psutil.Process) -> list[Any]:
+    # net_connections() since psutil 6; connections() before it.
+    method = getattr(process, "net_connections", None) or process.connections
+    return list(method(kind="inet"))
+
+
 class LocalServer:
-    """A server process this app started, and stops when it quits."""
+    """A server process this app started, and stops when it quits.
+
+    With ``api_key`` the server is given that key through ``key_path`` (0600), which is
+    removed once the server has read it (see :meth:`forget_key_file`)."""
 
     def __init__(
-        self, command: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+        self,
+        command: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        api_key: str | None = None,
+        key_path: Path | None = None,
     ) -> None:
         self.command = list(command)
-        # The server's output goes to a file: a pipe nobody drains would block it.
         self.log_path = log_path
         self._env = {**os.environ, **(env or {})}
+        self._api_key = api_key
+        self.key_path = key_path or log_path.with_name(KEY_FILE)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    def _server_env(self) -> dict[str, str]:
+        env = dict(self._env)
+        if self._api_key is None:
+            return env
+        # A key in the environment would win over the file: the server must get ours.
+        env.pop("WARMSTART_API_KEY", None)
+        write_private(self.key_path, self._api_key + "\n")
+        env["WARMSTART_API_KEY_FILE"] = str(self.key_path)
+        return env
 
     def start(self) -> None:
         log.info("starting a local server: %s", " ".join(self.command))
+        handler = _PrivateRotatingHandler(
+            self.log_path, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
+        )
+        handler.setFormatter(logging.Formatter("%(message)s"))
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as out:
-                self._proc = subprocess.Popen(
-                    self.command,
-                    env=self._env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
+            self._proc = subprocess.Popen(
+                self.command,
+                env=self._server_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
         except OSError as exc:
+            handler.close()
+            self.forget_key_file()
             raise AppError(f"could not start {self.command[0]}: {exc}") from exc
+        assert self._proc.stdout is not None
+        self._reader = threading.Thread(
+            target=_copy_output, args=(self._proc.stdout, handler), daemon=True
+        )
+        self._reader.start()
 
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def forget_key_file(self) -> None:
+        """The server reads its key file once, at start: afterwards the key lives only
+        in the two processes' memory."""
+        self.key_path.unlink(missing_ok=True)
+
+    def check_listening(self, port: int) -> None:
+        """Raises :class:`UntrustedServer` unless this server (or a process it started)
+        is the one listening on ``port``: another process may have taken the port
+        before ours could, and must not be sent the key."""
+        url = f"port {port}"
+        if not self.running or self._proc is None:
+            raise UntrustedServer(url, "the server the app started is not running")
+        try:
+            me = psutil.Process(self._proc.pid)
+            family = [me, *me.children(recursive=True)]
+            ports = {
+                c.laddr.port
+                for p in family
+                for c in _connections(p)
+                if c.status == psutil.CONN_LISTEN and c.laddr
+            }
+        except (psutil.AccessDenied, psutil.ZombieProcess) as exc:
+            # Some systems hide even our own child's sockets; the 401/200 check remains.
+            log.debug("cannot see the local server's sockets: %s", exc)
+            return
+        except psutil.NoSuchProcess as exc:
+            raise UntrustedServer(url, "the server the app started has exited") from exc
+        if port not in ports:
+            raise UntrustedServer(url, "another process is listening there, not the app's server")
 
     def wait_ready(
         self,
@@ -93,6 +203,8 @@ class LocalServer:
         started = time.monotonic()
         while True:
             if self._proc is not None and self._proc.poll() is not None:
+                if self._reader is not None:
+                    self._reader.join(2.0)  # its last lines, for the message
                 raise AppError(f"the local server exited: {self._log_tail() or 'no output'}")
             try:
                 h = health()
@@ -114,6 +226,7 @@ class LocalServer:
         return " ".join(text.strip().splitlines()[-lines:])
 
     def stop(self, grace: float = 5.0) -> None:
+        self.forget_key_file()
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return

@@ -1,17 +1,46 @@
 """The conversation store's schema, as named, ordered migrations.
 
 Append new migrations at the end; never edit or reorder one that has shipped. Each
-runs once, in a transaction, and its name is recorded in ``migrations``.
+runs once, in a transaction, and its name is recorded in ``migrations``. A migration
+is SQL, or a function of the connection and the app's secret store (for a step that
+moves data out of the database).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import sqlite3
 import time
+from collections.abc import Callable
 
 from .errors import StoreError
+from .secret_store import SecretStore
 
-MIGRATIONS: tuple[tuple[str, str], ...] = (
+log = logging.getLogger(__name__)
+Step = str | Callable[[sqlite3.Connection, SecretStore | None], None]
+
+
+def _api_key_out_of_the_database(conn: sqlite3.Connection, secrets: SecretStore | None) -> None:
+    """Versions before it kept the API key as plain JSON in ``preferences``: it goes to
+    the keyring (or the 0600 key file), and its bytes are overwritten in the file."""
+    row = conn.execute("SELECT value FROM preferences WHERE key = 'api_key'").fetchone()
+    if row is None:
+        return
+    try:
+        key = json.loads(row[0])
+    except json.JSONDecodeError:
+        key = ""
+    if key and secrets is not None:
+        secrets.set(str(key))
+    elif key:
+        log.warning("the saved API key was dropped from the database: enter it again in Settings")
+    # secure_delete overwrites the freed bytes; the store checkpoints the WAL afterwards.
+    conn.execute("PRAGMA secure_delete = ON")
+    conn.execute("DELETE FROM preferences WHERE key = 'api_key'")
+
+
+MIGRATIONS: tuple[tuple[str, Step], ...] = (
     (
         "0001_conversations",
         """
@@ -52,6 +81,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         "0005_preferences",
         "CREATE TABLE preferences (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
     ),
+    ("0006_api_key_out_of_the_database", _api_key_out_of_the_database),
 )
 
 
@@ -62,7 +92,7 @@ def applied(conn: sqlite3.Connection) -> list[str]:
     return [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY name")]
 
 
-def migrate(conn: sqlite3.Connection) -> list[str]:
+def migrate(conn: sqlite3.Connection, secrets: SecretStore | None = None) -> list[str]:
     """Apply the pending migrations in order; returns the names applied now."""
     done = set(applied(conn))
     known = [name for name, _ in MIGRATIONS]
@@ -71,13 +101,19 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
         # A newer app wrote this database; running older code on it could corrupt it.
         raise StoreError(f"database has migrations this app does not know: {sorted(unknown)}")
     now_applied = []
-    for name, sql in MIGRATIONS:
+    for name, step in MIGRATIONS:
         if name in done:
             continue
-        # executescript commits first, so wrap each migration in its own explicit transaction
+        record = f"INSERT INTO migrations VALUES ('{name}', {time.time()!r});"
         try:
-            record = f"INSERT INTO migrations VALUES ('{name}', {time.time()!r});"
-            conn.executescript(f"BEGIN;\n{sql}\n{record}\nCOMMIT;")
+            if isinstance(step, str):
+                # executescript commits first, so each migration gets its own transaction
+                conn.executescript(f"BEGIN;\n{step}\n{record}\nCOMMIT;")
+            else:
+                conn.execute("BEGIN")
+                step(conn, secrets)
+                conn.execute(record)
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

@@ -1,7 +1,9 @@
 """The user's choices: which server, which model, sampling and threshold overrides.
 
 Kept in the conversation store's ``preferences`` table (one JSON value per field), so
-they move with the conversations. Window geometry is Qt's business (``QSettings``).
+they move with the conversations, except the API key: it goes to a
+:class:`~app.core.secret_store.SecretStore` (the OS keyring or a 0600 file), never
+into the database. Window geometry is Qt's business (``QSettings``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from .api import DEFAULT_BASE_URL
+from .secret_store import SecretStore
 from .types import Sampling
+
+SECRET_FIELDS = frozenset({"api_key"})
 
 
 class PreferenceStore(Protocol):
@@ -32,10 +37,14 @@ class Preferences:
     overrides: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, store: PreferenceStore) -> Preferences:
+    def load(cls, store: PreferenceStore, secrets: SecretStore | None = None) -> Preferences:
         base = cls()
         values: dict[str, Any] = {}
+        if secrets is not None:
+            values["api_key"] = secrets.get()
         for f in fields(cls):
+            if f.name in SECRET_FIELDS:
+                continue
             raw = store.preference(f.name)
             if raw is None:
                 continue
@@ -48,6 +57,10 @@ class Preferences:
                 values[f.name] = raw
         return replace(base, **values)
 
-    def save(self, store: PreferenceStore) -> None:
+    def save(self, store: PreferenceStore, secrets: SecretStore | None = None) -> None:
+        """Without ``secrets`` the key is not saved at all."""
         for key, value in asdict(self).items():
-            store.set_preference(key, value)
+            if key not in SECRET_FIELDS:
+                store.set_preference(key, value)
+        if secrets is not None and secrets.get() != self.api_key:
+            secrets.set(self.api_key)

@@ -17,7 +17,9 @@ from typing import Any
 
 from .errors import StoreError
 from .migrations import migrate
+from .private import private_dir, private_file
 from .report import ReplyReport
+from .secret_store import SecretStore
 
 DEFAULT_TITLE = "New conversation"
 
@@ -58,24 +60,39 @@ def _message(row: sqlite3.Row) -> StoredMessage:
     )
 
 
+def _make_private(path: Path) -> None:
+    """Conversations are the user's private text: the directory 0700, the database
+    0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's
+    mode), and any -wal or -shm left looser by an older version tightened."""
+    private_dir(path.parent)
+    private_file(path, create=True)
+    for suffix in ("-wal", "-shm", "-journal"):
+        private_file(path.with_name(path.name + suffix))
+
+
 class ConversationStore:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, secrets: SecretStore | None = None) -> None:
+        """``secrets`` receives an API key that an older version kept in the database."""
         if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _make_private(Path(path))
         try:
             self._db = sqlite3.connect(str(path), isolation_level=None)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.execute("PRAGMA journal_mode = WAL")
-            migrate(self._db)
+            # Deleted conversations are overwritten, not just unlinked from the b-tree.
+            self._db.execute("PRAGMA secure_delete = ON")
+            if migrate(self._db, secrets):
+                self._checkpoint()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the conversation database {path}: {exc}") from exc
-        if path != ":memory:":
-            # Conversations are the user's private text.
-            Path(path).chmod(0o600)
 
     def close(self) -> None:
         self._db.close()
+
+    def _checkpoint(self) -> None:
+        """Folds the WAL into the database and empties it, so deleted text is in no file."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _write(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:
@@ -124,6 +141,7 @@ class ConversationStore:
 
     def delete(self, cid: str) -> None:
         self._write("DELETE FROM conversations WHERE id = ?", (cid,))
+        self._checkpoint()
 
     def touch(self, cid: str) -> None:
         self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), cid))

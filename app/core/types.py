@@ -107,6 +107,11 @@ class Backend(Protocol):
 
     def health(self) -> Health: ...
 
+    def verify(self) -> None:
+        """Raises ``UntrustedServer`` when the server is not the one meant (see
+        ``ApiClient.verify``); a no-op for a server the user configured."""
+        ...
+
     def models(self) -> list[str]: ...
 
     def chat(

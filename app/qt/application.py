@@ -15,9 +15,20 @@ from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from ..core.api import ApiClient
-from ..core.launcher import LocalServer, override_env, port_of, serve_command
+from ..core.errors import UntrustedServer
+from ..core.launcher import (
+    KEY_FILE,
+    LocalServer,
+    is_loopback,
+    new_key,
+    override_env,
+    port_of,
+    serve_command,
+)
 from ..core.preferences import Preferences
+from ..core.private import private_dir_files, private_file
 from ..core.report import TIER_LABELS
+from ..core.secret_store import KeyringOrFile, SecretStore
 from ..core.store import Conversation, ConversationStore
 from ..core.types import Backend
 from .controllers import (
@@ -44,11 +55,19 @@ class Options:
 
 
 class WarmstartApp:
-    def __init__(self, options: Options, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        backend: Backend | None = None,
+        secrets: SecretStore | None = None,
+    ) -> None:
         self.options = options
-        options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.store = ConversationStore(options.data_dir / "conversations.db")
-        prefs = Preferences.load(self.store)
+        private_dir_files(options.data_dir)
+        self.secrets = secrets or KeyringOrFile(options.data_dir)
+        self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
+        prefs = Preferences.load(self.store, self.secrets)
+        # The local server's key: fresh for each run, given to no other server.
+        self._server_key = new_key()
         self.prefs = replace(
             prefs,
             base_url=options.base_url or prefs.base_url,
@@ -59,6 +78,7 @@ class WarmstartApp:
         self.connection = ConnectionController(
             self.jobs, backend or self._make_backend(), launcher=self._launcher()
         )
+        private_file(self._settings_path(), create=True)
         self.chat = ChatController(self.store, self.connection, self.jobs, lambda: self.prefs)
         self.conversations = ConversationListModel()
         self.library = LibraryController(self.store, self.conversations, self.connection, self.jobs)
@@ -71,13 +91,39 @@ class WarmstartApp:
 
     # -- construction ------------------------------------------------------------------
 
+    @property
+    def manages_local_server(self) -> bool:
+        """The app runs its own server (and trusts no other) unless the user configured
+        one: a key, a URL off this machine, or "start a local server" off."""
+        prefs = self.prefs
+        return prefs.autostart and is_loopback(prefs.base_url) and not prefs.api_key
+
     def _make_backend(self) -> ApiClient:
+        if self.manages_local_server:
+            return ApiClient(
+                self.prefs.base_url,
+                api_key=self._server_key,
+                verify=True,
+                before_key=self._check_own_server,
+            )
         return ApiClient(self.prefs.base_url, api_key=self.prefs.api_key or None)
 
+    def _check_own_server(self) -> None:
+        """Before the key goes out: is it our server that listens on the port?"""
+        local = self.connection.local
+        if local is None:
+            raise UntrustedServer(
+                self.prefs.base_url,
+                "the app did not start it, and uses no server on this machine that it did "
+                "not start unless you configure one",
+            )
+        local.check_listening(port_of(self.prefs.base_url))
+
     def _launcher(self) -> Callable[[], LocalServer] | None:
-        if not self.prefs.autostart:
+        if not self.manages_local_server:
             return None
         override = os.environ.get("WARMSTART_APP_SERVER_CMD")
+        data = self.options.data_dir
 
         def make() -> LocalServer:
             command = serve_command(
@@ -86,12 +132,21 @@ class WarmstartApp:
             env = override_env(self.prefs.overrides)
             if self.prefs.model:
                 env["WARMSTART_MODEL"] = self.prefs.model
-            return LocalServer(command, self.options.data_dir / "server.log", env)
+            return LocalServer(
+                command,
+                data / "server.log",
+                env,
+                api_key=self._server_key,
+                key_path=data / KEY_FILE,
+            )
 
         return make
 
+    def _settings_path(self) -> Path:
+        return self.options.data_dir / "window.ini"
+
     def _settings(self) -> QSettings:
-        return QSettings(str(self.options.data_dir / "window.ini"), QSettings.Format.IniFormat)
+        return QSettings(str(self._settings_path()), QSettings.Format.IniFormat)
 
     def _restore_geometry(self) -> None:
         settings = self._settings()
@@ -179,6 +234,7 @@ class WarmstartApp:
         settings.setValue("geometry", self.window.saveGeometry())
         settings.setValue("state", self.window.saveState())
         settings.sync()
+        private_file(self._settings_path())
         self.memory.stop()
         self.chat.stop()
         self.connection.shutdown()
@@ -274,14 +330,15 @@ class WarmstartApp:
             self.apply_preferences(dialog.preferences())
 
     def apply_preferences(self, prefs: Preferences) -> None:
-        server_changed = (prefs.base_url, prefs.api_key) != (
+        server_changed = (prefs.base_url, prefs.api_key, prefs.autostart) != (
             self.prefs.base_url,
             self.prefs.api_key,
+            self.prefs.autostart,
         )
         self.prefs = prefs
-        prefs.save(self.store)
+        prefs.save(self.store, self.secrets)
         if server_changed:
-            self.connection.set_backend(self._make_backend())
+            self.connection.set_backend(self._make_backend(), self._launcher())
 
     # -- feedback ----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 from ..core.paths import data_dir
+from ..core.private import restrict_umask
 from .application import Options, WarmstartApp
 from .theme import Theme, app_icon
 
@@ -34,7 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         argv, from_cli = command_line_args(sys.argv)
     parser = argparse.ArgumentParser(prog="warmstart app", description="warmstart's desktop app")
     parser.add_argument("--server", metavar="URL", help="base URL, e.g. http://host:8765/v1")
-    parser.add_argument("--api-key", help="Bearer key for a server off this machine")
+    parser.add_argument(
+        "--api-key",
+        help="Bearer key for a server you run (visible to other users in ps: prefer "
+        "--api-key-file or Settings)",
+    )
+    parser.add_argument("--api-key-file", metavar="PATH", help="a file holding that key")
     parser.add_argument(
         "--no-autostart", action="store_true", help="never start a local warmstart server"
     )
@@ -49,7 +55,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file:
+        # Like the server's api_key_file: the trailing newline is not part of the key.
+        return Path(args.api_key_file).read_text("utf-8").rstrip("\r\n")
+    return str(args.api_key) if args.api_key is not None else None
+
+
 def build(argv: list[str] | None = None) -> tuple[QApplication, WarmstartApp, Theme]:
+    restrict_umask()  # conversations, keys, logs: everything written is the user's alone
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
@@ -61,7 +75,7 @@ def build(argv: list[str] | None = None) -> tuple[QApplication, WarmstartApp, Th
     options = Options(
         data_dir=Path(args.data_dir) if args.data_dir else data_dir(),
         base_url=args.server,
-        api_key=args.api_key,
+        api_key=_api_key(args),
         autostart=False if args.no_autostart else None,
         scheme=theme.scheme,
     )

@@ -19,6 +19,19 @@ from tests.app.servers import (  # noqa: F401 - fixtures
 
 
 @pytest.fixture(autouse=True)
+def no_real_keyring():
+    """The tests never touch the user's keyring: keyring's fail backend makes the app
+    keep keys in its fallback file (tests that want a keyring set their own)."""
+    import keyring
+    from keyring.backends import fail
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    yield
+    keyring.set_keyring(before)
+
+
+@pytest.fixture(autouse=True)
 def app_data(tmp_path, monkeypatch):
     path = tmp_path / "appdata"
     monkeypatch.setenv("WARMSTART_APP_DATA", str(path))

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from warmstart.app.core.errors import ServerUnavailable
+from warmstart.app.core.errors import ServerUnavailable, UntrustedServer
 from warmstart.app.core.report import ReplyReport
 from warmstart.app.core.types import (
     ChatEvent,
@@ -56,6 +56,7 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.up = True
+        self.untrusted = False
         self.warmstart = True
         self.reply = ["Hello", " there", "!"]
         self.gate: threading.Event | None = None
@@ -71,6 +72,11 @@ class FakeBackend:
     def health(self) -> Health:
         self._check()
         return Health(status="ok", model="fake-model")
+
+    def verify(self) -> None:
+        self._check()
+        if self.untrusted:
+            raise UntrustedServer(self.base_url, "it answers without the app's key")
 
     def models(self) -> list[str]:
         self._check()

@@ -35,3 +35,12 @@ def test_main_without_argv_reads_sys_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/x/app/__main__.py", "--bogus"])
     with pytest.raises(SystemExit):
         parse_args(None)
+
+
+def test_the_api_key_can_come_from_a_file(tmp_path):
+    from warmstart.app.qt.main import _api_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text("from-a-file-123\n")
+    assert _api_key(parse_args(["--api-key-file", str(key_file)])) == "from-a-file-123"
+    assert _api_key(parse_args([])) is None

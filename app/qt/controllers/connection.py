@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from ...core.errors import AppError, ServerUnavailable, describe
+from ...core.errors import AppError, ServerUnavailable, UntrustedServer, describe
 from ...core.launcher import LocalServer, is_loopback
 from ...core.types import Backend, Health
 from ..workers import Jobs
@@ -19,7 +19,11 @@ CONNECTING, STARTING, READY, DOWN = "connecting", "starting", "ready", "down"
 
 class ConnectionController(QObject):
     """States: connecting -> (starting ->) ready <-> down. Polls /health all along, so a
-    server that goes away is noticed, and one that comes back is picked up."""
+    server that goes away is noticed, and one that comes back is picked up.
+
+    A server is ready only once ``backend.verify()`` passes: for the app's own local
+    server, that it is the one the app started (see ``ApiClient.verify``). One that
+    fails it is shown as down, with the reason, and gets nothing."""
 
     state_changed = Signal(str)
     message = Signal(str)  # a sentence for the banner; "" clears it
@@ -59,8 +63,16 @@ class ConnectionController(QObject):
         self._set_state(CONNECTING, f"Connecting to {self.backend.base_url}…")
         self.check()
 
-    def set_backend(self, backend: Backend) -> None:
+    @property
+    def local(self) -> LocalServer | None:
+        """The server this app started, if any."""
+        return self._local
+
+    def set_backend(
+        self, backend: Backend, launcher: Callable[[], LocalServer] | None = None
+    ) -> None:
         self.backend = backend
+        self._launcher = launcher
         self.is_warmstart = None
         self.start()
 
@@ -68,7 +80,14 @@ class ConnectionController(QObject):
         if self._in_flight or self.state == STARTING:
             return
         self._in_flight = True
-        self._jobs.submit(self.backend.health, self._on_health, self._on_health_error)
+        self._jobs.submit(self._probe, self._on_health, self._on_health_error)
+
+    def _probe(self) -> Health:
+        backend = self.backend
+        health = backend.health()
+        if health.ready:
+            backend.verify()
+        return health
 
     def report_error(self, exc: BaseException) -> None:
         """Another controller's request failed; a lost server switches us to 'down'."""
@@ -104,9 +123,9 @@ class ConnectionController(QObject):
 
     def _on_health_error(self, exc: BaseException) -> None:
         self._in_flight = False
-        first = self.state == CONNECTING and self._local is None
+        # Also after a refused impostor has gone away: the port is free for ours.
         if (
-            first
+            self._local is None
             and isinstance(exc, ServerUnavailable)
             and self._launcher is not None
             and is_loopback(self.backend.base_url)
@@ -141,7 +160,14 @@ class ConnectionController(QObject):
 
         def run() -> Health:
             server.start()
-            return server.wait_ready(backend.health, progress=lambda m, p: self.progress.emit(m, p))
+            try:
+                health = server.wait_ready(
+                    backend.health, progress=lambda m, p: self.progress.emit(m, p)
+                )
+            finally:
+                server.forget_key_file()  # read at its start; nobody needs it again
+            backend.verify()
+            return health
 
         self._jobs.submit(run, self._on_launched, self._on_launch_failed)
 
@@ -152,6 +178,9 @@ class ConnectionController(QObject):
 
     def _on_launch_failed(self, exc: BaseException) -> None:
         log.warning("local server failed to start: %s", exc)
-        self._set_state(DOWN, f"Could not start a local server: {describe(exc)}")
+        if isinstance(exc, UntrustedServer):
+            self._set_state(DOWN, describe(exc))
+        else:
+            self._set_state(DOWN, f"Could not start a local server: {describe(exc)}")
         self.progress.emit("", None)
         self._schedule()
