@@ -197,6 +197,7 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
             "ram": ram,
             "set_data_gbps": set_data_gbps(rt),
             "kv_bytes_per_token": rt.engine.kv_bytes_per_token,
+            "extra_buffers": rt.engine.model.extra_buffers,
             "tuning": rt.tuning.report(),
         }
         own_tokens = []
@@ -224,10 +225,28 @@ def child_disk(settings: Settings, system: str) -> dict[str, Any]:
 
 
 # llama-cpp-python's own caches ----------------------------------------------------------------
-def _llama(model: Path, n_ctx: int) -> Any:
+def _llama(model: Path, n_ctx: int, extra_buffers: bool) -> Any:
     from llama_cpp import Llama
 
+    if not extra_buffers:
+        _without_extra_buffers()
     return Llama(model_path=str(model), n_ctx=n_ctx, flash_attn=True, verbose=False)
+
+
+def _without_extra_buffers() -> None:
+    """The high-level ``Llama`` builds its own model params and has no option for
+    llama.cpp's extra buffer types: make its defaults say off. Only ever called in
+    the comparison's child process, which exists for this one model."""
+    import llama_cpp.llama_cpp as ll
+
+    default_params = ll.llama_model_default_params
+
+    def without() -> Any:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    ll.llama_model_default_params = without
 
 
 def _lcp_ttft(llm: Any, prompt: str) -> float:
@@ -241,11 +260,16 @@ def _lcp_ttft(llm: Any, prompt: str) -> float:
 
 
 def child_lcp(
-    model: Path, cache_dir: Path, prompts: list[str], n_ctx: int, populate: bool
+    model: Path,
+    cache_dir: Path,
+    prompts: list[str],
+    n_ctx: int,
+    populate: bool,
+    extra_buffers: bool = False,
 ) -> dict[str, Any]:
     from llama_cpp import LlamaDiskCache, LlamaRAMCache
 
-    llm = _llama(model, n_ctx)
+    llm = _llama(model, n_ctx, extra_buffers)
     llm.set_cache(LlamaDiskCache(cache_dir=str(cache_dir), capacity_bytes=8 << 30))
     first = _lcp_ttft(llm, prompts[0])
     if populate:
@@ -274,9 +298,10 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
     data = settings.model_dump()
     data.update(data_dir=work / "ours", cache_dir=None, model=str(model), recalibrate=False)
     (work / "ours").mkdir(parents=True)
-    known = settings.data_dir / "calibration.json"
-    if known.is_file():  # reuse this machine's calibration: it is keyed by machine and model
-        shutil.copy(known, work / "ours" / "calibration.json")
+    # reuse this machine's calibration and extra-buffer verdicts: keyed by machine and model
+    for name in ("calibration.json", "extra_buffers.json"):
+        if (settings.data_dir / name).is_file():
+            shutil.copy(settings.data_dir / name, work / "ours" / name)
     return load_settings(**{k: v for k, v in data.items() if v is not None})
 
 
@@ -294,7 +319,7 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
         disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
         from .engine._llama import LlamaModel
 
-        lm = LlamaModel(model)
+        lm = LlamaModel(model)  # for its chat template only: nothing is decoded
         template = ChatTemplate(lm.chat_template(), "", "")
         lm.close()
         prompts = [template.render(conversation(system, i)) for i in (0, 1)]
@@ -304,6 +329,8 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
             "cache_dir": str(work / "lcp"),
             "prompts": prompts,
             "n_ctx": n_ctx,
+            # the comparison runs on the same machine: the same choice as ours
+            "extra_buffers": ours["extra_buffers"],
         }
         lcp_cold = _child("lcp", {**lcp_args, "populate": True})
         lcp = _child("lcp", {**lcp_args, "populate": False})
@@ -416,6 +443,7 @@ def _main_child(kind: str, payload: dict[str, Any]) -> None:
             payload["prompts"],
             payload["n_ctx"],
             payload["populate"],
+            payload.get("extra_buffers", False),
         )
     print(json.dumps(out))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
+from .engine._build import llama_build_info
 from .engine._engine import Engine, EngineConfig, fingerprint_of
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
 from .policy import Tuning, choose, rates_from
@@ -134,7 +135,12 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
     finally:
         loaded.model.close()
     report = doctor_report(
-        chosen.profile, chosen.calibration, chosen.tuning, calibration_reused=chosen.reused
+        chosen.profile,
+        chosen.calibration,
+        chosen.tuning,
+        calibration_reused=chosen.reused,
+        extra_buffers=loaded.extra_buffers,
+        llama_build=llama_build_info(),
     )
     print(json.dumps(report, indent=2) if as_json else render_doctor(report))
     return 0
