@@ -280,6 +280,53 @@ def child_lcp(
     return {"disk_ttft_s": first, "ram_ttft_s": _lcp_ttft(llm, prompts[0])}
 
 
+# a fresh `warmstart ask` ------------------------------------------------------------------------
+START_QUESTION = "Why is the sky blue? Answer in two sentences."
+
+
+def _cli_flags(settings: Settings) -> list[str]:
+    """The settings that differ from the defaults, as `warmstart` flags."""
+    flags = []
+    for name, value in settings.model_dump(exclude_defaults=True).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags += [flag] if value else []
+        elif isinstance(value, tuple | list):
+            flags += [flag, ",".join(str(v) for v in value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION) -> dict[str, Any]:
+    """Runs `warmstart ask QUESTION` as a new process and times it from before the
+    process starts to the first byte of its reply (the CLI writes each token as it
+    comes): interpreter start, imports, model load and the request, as a user waits."""
+    cmd = [sys.executable, "-m", f"{__package__}.cli", "ask", question, "--max-tokens", "8"]
+    cmd += _cli_flags(settings)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    first_s = time.perf_counter() - t0
+    _, err = proc.communicate()
+    if proc.returncode != 0 or not first:
+        raise RuntimeError(f"warmstart ask failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    summary = [ln for ln in err.decode().splitlines() if ln.startswith("[prompt")]
+    return {
+        "process_start_to_first_token_s": first_s,
+        "process_wall_s": time.perf_counter() - t0,
+        "summary": summary[-1] if summary else "",
+    }
+
+
+def repeated_ask(settings: Settings) -> dict[str, Any]:
+    """A question asked once in a fresh process, then again in another: the second is
+    the one timed (its prompt comes from the disk tier)."""
+    first = ask_start_to_first_token(settings)
+    return {"first": first, "repeat": ask_start_to_first_token(settings)}
+
+
 # orchestration -------------------------------------------------------------------------------
 def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -334,7 +381,9 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
         }
         lcp_cold = _child("lcp", {**lcp_args, "populate": True})
         lcp = _child("lcp", {**lcp_args, "populate": False})
-        return summarize(ours, disk, lcp_cold, lcp, du(work / "ours" / "cache"), du(work / "lcp"))
+        disk_bytes = du(work / "ours" / "cache")  # before the asks add their own chunks
+        asks = repeated_ask(ours_settings)
+        return summarize(ours, disk, lcp_cold, lcp, disk_bytes, du(work / "lcp"), asks)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -347,6 +396,7 @@ def summarize(
     lcp: dict[str, Any],
     disk_bytes: int,
     lcp_bytes: int,
+    asks: dict[str, Any],
 ) -> dict[str, Any]:
     kvb = ours["kv_bytes_per_token"]
     anchor = ours["anchor_tokens"]
@@ -376,6 +426,9 @@ def summarize(
         "greedy_same_reply": ours["cold"]["text"] == ours["ram"]["text"] == disk["text"],
         "threshold": ours["threshold"],
         "tuning": {k: v["value"] for k, v in ours["tuning"].items()},
+        "extra_buffers": ours["extra_buffers"],
+        "process_start_to_first_token_s": asks["repeat"]["process_start_to_first_token_s"],
+        "ask": asks,
     }
 
 
@@ -409,6 +462,8 @@ def render(r: dict[str, Any]) -> str:
         f"= {r['disk_bytes'] / r['ideal_bytes']:.2f}x; "
         f"LlamaDiskCache {r['lcp_disk_bytes'] / 1e6:.1f} MB for ONE conversation",
         f"greedy reply identical cold / RAM / disk: {r['greedy_same_reply']}",
+        f"`warmstart ask`, a repeated question: process start to first token "
+        f"{r['process_start_to_first_token_s']:.2f} s ({r['ask']['repeat']['summary']})",
         f"swap-in threshold {th['threshold_tokens']} tokens: restore "
         f"{th['restore_ms_at_threshold']:.2f} ms vs recompute "
         f"{th['recompute_ms_at_threshold']:.2f} ms; below it: "

@@ -83,9 +83,11 @@ class LocalRuntime:
         model: LoadedModel | None = None,
         tuning: Tuning | None = None,
         rates: Rates | None = None,
+        kv_geometry: tuple[int, int] | None = None,
     ) -> None:
-        """``model``, ``tuning`` and ``rates`` come from the factory (probe, calibration,
-        policy); left out, the model is loaded here and fixed defaults are used."""
+        """``model``, ``tuning``, ``rates`` and ``kv_geometry`` come from the factory
+        (probe, calibration, policy); left out, the model is loaded here, fixed
+        defaults are used and the engine measures its KV geometry."""
         self.settings = settings
         loaded = model or load_model(settings)
         path = loaded.path
@@ -104,6 +106,7 @@ class LocalRuntime:
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
+                kv_geometry=kv_geometry,
             ),
             model=loaded.model,
         )

@@ -21,6 +21,11 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 CALIBRATION_CTX = 4096  # tokens: enough for the longest calibration prefill
+# A blob's header holds a u32 cell count per KV stream of its context (llama.cpp's
+# state_write), and a context with one stream per conversation has as many streams
+# as sequences: the overhead measured on the calibration's small context gets room
+# for the most streams any context here has (63 residents + the scratch sequence).
+STREAM_ALLOWANCE = 4 * 64
 
 
 class _CalibrationTarget:
@@ -33,6 +38,7 @@ class _CalibrationTarget:
             loaded.model, loaded.digest, settings.type_kv, settings.flash_attn
         )
         self.kv_bytes_per_token = loaded.model.kv_bytes_per_token_estimate(settings.type_kv)
+        self.kv_overhead_bytes: int | None = None
         self._engine: Engine | None = None
 
     def _get(self) -> Engine:
@@ -53,6 +59,7 @@ class _CalibrationTarget:
                 model=self._loaded.model,
             )
             self.kv_bytes_per_token = self._engine.kv_bytes_per_token
+            self.kv_overhead_bytes = self._engine.kv_overhead_bytes + STREAM_ALLOWANCE
         return self._engine
 
     def time_prefill(self, n_tokens: int) -> float:
@@ -105,7 +112,7 @@ def open_runtime(
     if not chosen.reused:
         say("calibrated this machine for this model (cached for next time)")
     rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
-    rt = LocalRuntime(settings, loaded, chosen.tuning, rates)
+    rt = LocalRuntime(settings, loaded, chosen.tuning, rates, chosen.calibration.kv_geometry)
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt

@@ -80,6 +80,8 @@ class EngineConfig:
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     type_kv: str = "f16"
+    # (bytes per token, bytes per blob) from the calibration: no probe decode at start
+    kv_geometry: tuple[int, int] | None = None
 
 
 class Engine:
@@ -111,7 +113,9 @@ class Engine:
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
-        self.kv_bytes_per_token, self.kv_overhead_bytes = self._measure_kv_geometry()
+        self.kv_bytes_per_token, self.kv_overhead_bytes = (
+            config.kv_geometry or self._measure_kv_geometry()
+        )
         self.chunkable = not self.model.recurrent
         if not self.chunkable:
             log.warning(

@@ -27,7 +27,8 @@ from ._profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# 2: the KV geometry (kv_overhead_bytes) is kept too, so a start needs no probe decode.
+FORMAT_VERSION = 2
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
@@ -44,10 +45,15 @@ class CalibrationTarget(Protocol):
     the scratch sequence with ``n`` tokens, then returns the real KV blob
     (``llama_state_seq_get_data``), the seconds the get took and the seconds
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
+    ``kv_bytes_per_token`` and ``kv_overhead_bytes`` (the KV geometry: a blob of
+    ``n`` tokens is ``overhead + n * per_token`` bytes) are read after the timings,
+    so a target may measure them on the context it made for them (``None``: not
+    known).
     """
 
     fingerprint: str
     kv_bytes_per_token: int
+    kv_overhead_bytes: int | None
 
     def time_prefill(self, n_tokens: int) -> float: ...
 
@@ -80,6 +86,16 @@ class Calibration:
     d2h_pageable_gbps: float | None = None
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
+    # with kv_bytes_per_token, the KV geometry measured on a real context: a start
+    # that finds it here needs no probe decode (None: not measured)
+    kv_overhead_bytes: int | None = None
+
+    @property
+    def kv_geometry(self) -> tuple[int, int] | None:
+        """``(bytes per token, bytes per blob)`` when measured, for EngineConfig."""
+        if self.kv_overhead_bytes is None:
+            return None
+        return self.kv_bytes_per_token, self.kv_overhead_bytes
 
     @property
     def prefill_tps(self) -> float:
@@ -184,6 +200,7 @@ def calibrate(
         machine_id=profile.machine_id(),
         fingerprint=target.fingerprint,
         kv_bytes_per_token=target.kv_bytes_per_token,
+        kv_overhead_bytes=target.kv_overhead_bytes,
         prefill_short_tokens=short,
         prefill_short_s=short_s,
         prefill_long_tokens=long,
@@ -216,6 +233,13 @@ def _read_entries(cache_file: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(cache_file.read_text(encoding="utf-8"))
+        if isinstance(data.get("format"), int) and data["format"] < FORMAT_VERSION:
+            log.info(
+                "calibration cache %s predates format %d; measuring again",
+                cache_file,
+                FORMAT_VERSION,
+            )
+            return {}
         if data.get("format") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
             raise ValueError(f"unknown format {data.get('format')!r}")
         return dict(data["entries"])

@@ -31,6 +31,7 @@ class FakeTarget:
 
     fingerprint: str = "f0" * 32
     kv_bytes_per_token: int = 2048
+    kv_overhead_bytes: int | None = 620
     tps: float = 2000.0
     set_gbps: float = 4.0
     calls: list[tuple[str, int]] = field(default_factory=list)
@@ -138,7 +139,8 @@ def test_a_change_triggers_a_new_calibration(change: str, tmp_path: Path) -> Non
         "{not json",
         '{"format": 99, "entries": {}}',
         "[]",
-        '{"format": 1, "entries": {"%s": {"x": 1}}}',
+        # a current-format file with a malformed entry
+        '{"format": FORMAT, "entries": {"%s": {"x": 1}}}',
     ],
 )
 def test_a_corrupt_cache_is_ignored_and_rewritten(
@@ -146,11 +148,26 @@ def test_a_corrupt_cache_is_ignored_and_rewritten(
 ) -> None:
     cache = tmp_path / "calibration.json"
     key = f"{LAPTOP.machine_id()}/{FakeTarget().fingerprint}"
-    cache.write_text(content.replace("%s", key))
+    cache.write_text(content.replace("%s", key).replace("FORMAT", str(_calibrate.FORMAT_VERSION)))
     with caplog.at_level(logging.WARNING):
         _, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
     assert not reused and "unusable" in caplog.text
     assert load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)[1]
+
+
+def test_an_older_format_is_measured_again_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "calibration.json"
+    key = f"{LAPTOP.machine_id()}/{FakeTarget().fingerprint}"
+    old = calibration_for(LAPTOP).to_dict()
+    cache.write_text(json.dumps({"format": 1, "entries": {key: old}}))
+    with caplog.at_level(logging.WARNING):
+        cal, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
+    assert not reused and not caplog.records  # an upgrade is no cause for a warning
+    assert cal.kv_geometry == (2048, 620)  # the KV geometry is kept from now on
+    again, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
+    assert reused and again.kv_geometry == (2048, 620)
 
 
 def test_old_entries_are_dropped(tmp_path: Path) -> None:
