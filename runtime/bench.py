@@ -225,12 +225,18 @@ def child_disk(settings: Settings, system: str) -> dict[str, Any]:
 
 
 # llama-cpp-python's own caches ----------------------------------------------------------------
-def _llama(model: Path, n_ctx: int, extra_buffers: bool) -> Any:
+def _llama(model: Path, n_ctx: int, extra_buffers: bool, n_gpu_layers: int) -> Any:
     from llama_cpp import Llama
 
     if not extra_buffers:
         _without_extra_buffers()
-    return Llama(model_path=str(model), n_ctx=n_ctx, flash_attn=True, verbose=False)
+    return Llama(
+        model_path=str(model),
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,  # the same offload as ours (-1: every layer)
+        flash_attn=True,
+        verbose=False,
+    )
 
 
 def _without_extra_buffers() -> None:
@@ -266,10 +272,11 @@ def child_lcp(
     n_ctx: int,
     populate: bool,
     extra_buffers: bool = False,
+    n_gpu_layers: int = 0,
 ) -> dict[str, Any]:
     from llama_cpp import LlamaDiskCache, LlamaRAMCache
 
-    llm = _llama(model, n_ctx, extra_buffers)
+    llm = _llama(model, n_ctx, extra_buffers, n_gpu_layers)
     llm.set_cache(LlamaDiskCache(cache_dir=str(cache_dir), capacity_bytes=8 << 30))
     first = _lcp_ttft(llm, prompts[0])
     if populate:
@@ -329,7 +336,9 @@ def repeated_ask(settings: Settings) -> dict[str, Any]:
 
 # orchestration -------------------------------------------------------------------------------
 def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # keep the caller's PYTHONPATH: an install with --target (make gpu-check) lives there
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     proc = subprocess.run(
         [sys.executable, "-m", f"{__package__}.bench", "--child", kind, json.dumps(payload)],
         capture_output=True,
@@ -378,6 +387,7 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
             "n_ctx": n_ctx,
             # the comparison runs on the same machine: the same choice as ours
             "extra_buffers": ours["extra_buffers"],
+            "n_gpu_layers": settings.n_gpu_layers,
         }
         lcp_cold = _child("lcp", {**lcp_args, "populate": True})
         lcp = _child("lcp", {**lcp_args, "populate": False})
@@ -499,6 +509,7 @@ def _main_child(kind: str, payload: dict[str, Any]) -> None:
             payload["n_ctx"],
             payload["populate"],
             payload.get("extra_buffers", False),
+            payload.get("n_gpu_layers", 0),
         )
     print(json.dumps(out))
 
