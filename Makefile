@@ -26,22 +26,17 @@ LLAMA_BUILD   := $(if $(strip $(CMAKE_ARGS)),$(shell printf '%s' '$(CMAKE_ARGS)'
 LLAMA_WHEELS  := $(HOME)/.cache/warmstart/llama-wheels/$(LLAMA_BUILD)
 
 # llama-cpp-python compiles from its sdist the first time (10-20 min on 2 cores; a GPU
-# build longer). pip caches a built wheel by version, not by CMAKE_ARGS, so it would
-# hand a GPU build the cached CPU wheel: a GPU build is compiled without pip's cache
-# into a wheel folder of its own (one per CMAKE_ARGS) and installed from there.
+# build longer). Its wheel is py3-none, good for every Python, but pip caches a built
+# wheel per Python version and by version only, not by CMAKE_ARGS: a second Python
+# would compile again, and a GPU build would get the cached CPU wheel. So the wheel is
+# built once into a folder of its own (one per CMAKE_ARGS; a GPU build bypasses pip's
+# cache) and every venv installs it from there.
 $(VENV)/.llama-$(LLAMA_BUILD): | $(BIN)/python
-ifneq ($(strip $(CMAKE_ARGS)),)
-	@echo "building llama-cpp-python $(LLAMA_VERSION) with CMAKE_ARGS=$(CMAKE_ARGS)"
 	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
-	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-cache-dir --no-deps \
-	    -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps -w $(LLAMA_WHEELS) \
+	    $(if $(strip $(CMAKE_ARGS)),--no-cache-dir) llama-cpp-python==$(LLAMA_VERSION)
 	$(BIN)/pip install --quiet --no-deps --force-reinstall \
 	  $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
-else
-	# back from a GPU build in this venv: pip's cached CPU wheel again
-	if ls $(VENV)/.llama-* >/dev/null 2>&1; then $(BIN)/pip install --quiet --no-deps \
-	  --force-reinstall llama-cpp-python==$(LLAMA_VERSION); fi
-endif
 	rm -f $(VENV)/.llama-* $(VENV)/.run-installed $(VENV)/.dev-installed
 	touch $@
 
@@ -60,9 +55,9 @@ run: $(VENV)/.run-installed
 	$(BIN)/warmstart ask "$(QUESTION)"
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check runtime app tests
-	$(BIN)/ruff format --check runtime app tests
-	$(BIN)/mypy runtime app
+	$(BIN)/ruff check runtime app tests tools
+	$(BIN)/ruff format --check runtime app tests tools
+	$(BIN)/mypy runtime app tools
 
 pytest: $(VENV)/.dev-installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
