@@ -41,7 +41,11 @@ if [ -z "$wheel" ]; then
 fi
 built=$(date +%s)
 offline "$wheel"
-offline --no-build-isolation .
+# warmstart itself is pure Python: its two packages linked where pip --target would
+# put them (no build backend needed offline; edits here are seen there at once)
+mkdir -p "$SITE/warmstart"
+ln -sfn "$PWD/runtime" "$SITE/warmstart/runtime"
+ln -sfn "$PWD/app" "$SITE/warmstart/app"
 echo "gpu-check: installed in $((built - started)) s (llama-cpp-python build included)" >&2
 
 export WARMSTART_CONFIG="$OUT_DIR/no-config.toml"  # the machine's own config stays out
