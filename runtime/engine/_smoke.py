@@ -139,14 +139,16 @@ def _child(model_path: Path) -> int:
     """Loads ``model_path`` with extra buffer types on, all layers on the CPU (where the
     extra buffer types live), and decodes a prompt batch and a few single tokens with
     every core: AMX's fault shows only on worker threads."""
-    import resource
-
     import llama_cpp.llama_cpp as ll
 
     from ._llama import LlamaModel
 
-    # a death here is an expected answer, not something to leave a core file for
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:  # a death here is an expected answer, not something to leave a core file for
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):  # Windows has no resource module
+        pass
     model = LlamaModel(model_path, n_gpu_layers=0, extra_buffers=True)
     params = ll.llama_context_default_params()
     params.n_ctx = params.n_batch = params.n_ubatch = 64
