@@ -163,3 +163,22 @@ def test_runtime_answers_without_extra_buffers_when_the_child_dies(
         assert again.extra_buffers == loaded.extra_buffers and not again.model.extra_buffers
     finally:
         again.model.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [False, True])
+def test_bench_comparison_child_obeys_the_choice(model_path: Path, extra: bool) -> None:
+    """llama-cpp-python's Llama builds its own model params: the bench's child makes
+    them say what the smoke test said (in a process of its own: it patches a module)."""
+    import subprocess
+
+    code = (
+        "import sys; from pathlib import Path; from warmstart.runtime.bench import _llama; "
+        f"llm = _llama(Path(sys.argv[1]), 256, {extra}, 0); "
+        "print(llm.model_params.use_extra_bufts); llm.close()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(model_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == str(extra)
