@@ -1,15 +1,21 @@
-"""One request on the worker thread: find the cached prefix, restore or recompute,
-prefill the rest, stream the reply, then capture the new chunks.
+"""One request on the worker thread: claim a sequence, restore what pays, prefill the
+rest, stream the reply, then keep what was computed.
 
-``Job.steps()`` is a generator: each ``next()`` does a bounded piece of work, so
-the worker can interleave requests of different conversations fairly.
+``Job.steps()`` is a generator: each ``next()`` does a bounded piece of work (one
+prefill batch, one token), so the worker interleaves requests of different
+conversations fairly.
+
+Every prefill of a prompt, cold or cached, computes the same batches
+(:func:`~runtime.kvstore._keys.batch_cuts`), and a prefix is kept or restored only up
+to the end of one of them: a token's KV then has the same bits however the prompt got
+into the context, and a cached reply equals a ``--no-cache`` one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +23,7 @@ import numpy as np
 
 from .engine._engine import Engine, Resident
 from .engine._text import TextAssembler
-from .kvstore._keys import chunk_key, cut_points
+from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
@@ -28,9 +34,7 @@ if TYPE_CHECKING:
     from .sessions import SessionBook
 
 log = logging.getLogger(__name__)
-PREFILL_STEP = 512  # tokens prefilled before yielding to other conversations
-TAIL_TOKENS = 2  # prompt tokens always decoded, never restored (see steps())
-CONTINUATION_SLACK = 16  # tokens a re-tokenized reply may differ by at its end
+TAIL_TOKENS = 2  # prompt tokens always decoded together, never restored
 
 
 @dataclass
@@ -38,11 +42,12 @@ class Env:
     """What a job needs from the runtime (narrow on purpose)."""
 
     engine: Engine
-    staging: np.ndarray | None  # one chunk's worth of touched memory for disk reads
+    staging: np.ndarray | None  # touched memory that disk reads land in
     store: TieredStore | None
     tuning: Tuning
     rates: Rates
     sessions: SessionBook | None
+    exact_replies: bool = True
 
 
 class Job:
@@ -62,31 +67,45 @@ class Job:
         self.stream = stream
         self.report = Report(prompt_tokens=len(ids), session_id=session_id)
         self.promotions: list[Record] = []  # disk chunks to bring into RAM after the reply
+        self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
+        self.cached = request.use_cache and env.store is not None and env.engine.chunkable
+        self.reply: str | None = None
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
         engine = self.env.engine
-        res = self._claim()
+        # a request without the cache (or a runtime without a store) starts cold: it
+        # reuses nothing, not even what is live
+        share = self.request.use_cache and self.env.store is not None
+        hits = self._lookup()
+        try:
+            stored = hits[-1].end if hits else 0
+            sid = self.report.session_id
+            res, live = engine.claim(self.ids, self.cuts[:-1], sid, share, stored)
+        except BaseException:
+            self._release(hits)
+            raise
+        self.report.restored["live"] = live
         sampler = None
         try:
-            have = self._restore(res)
+            try:
+                have = self._restore(res, live, hits)
+            finally:
+                self._release(hits)
             yield
             t1 = time.perf_counter()
-            last = self._tail_start()
-            while have < last:
-                piece = self.ids[have : min(have + PREFILL_STEP, last)]
-                engine.decode(piece, res.seq, have, want_logits=False)
-                have += len(piece)
-                res.tokens = self.ids[:have]
-                yield
-            # The last TAIL_TOKENS prompt tokens are always decoded together, cold or
-            # restored: the first token's logits then never depend on how much of the
-            # prompt came from the cache (batches of different shapes round differently),
-            # and a two-token batch runs on every prefill thread without llama.cpp's
-            # single-query attention, which splits the KV by thread and so rounds
-            # differently with the number of cells other conversations hold.
-            engine.decode(self.ids[last:], res.seq, last)
-            res.tokens = list(self.ids)
+            for end in self.cuts:
+                if end <= have:
+                    continue
+                if self.stream.cancelled:  # the client went away: stop paying for its prompt
+                    self.report.finish_reason = "cancelled"
+                    self.stream.finish(self.report)
+                    return
+                last = end == len(self.ids)
+                engine.prefill(res, self.ids[have:end], want_logits=last)
+                have = end
+                if not last:
+                    yield
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
             if self.want_logits:  # the next-token distribution is the answer (tests, bench)
                 self.logits = engine.ctx.logits()
@@ -102,127 +121,91 @@ class Job:
             yield
             if self.env.store is not None and self.promotions:
                 self.env.store.promote(self.promotions)
-            leaf = self._capture(res)
+            leaf = self._keep(res, self.cuts[:-1])
+            leaf = (yield from self._settle(res)) or leaf
             self._save_session(leaf, len(res.tokens))
         finally:
             if sampler is not None:
                 sampler.close()
-            res.busy = False
-            res.last_used = time.monotonic()
+            engine.release(res)
 
-    # step 1: a sequence and the longest prefix we already have --------------------------
-    def _tail_start(self) -> int:
-        return max(len(self.ids) - TAIL_TOKENS, 0)
+    # step 1: the longest prefix worth restoring ------------------------------------------
+    def _lookup(self) -> list[Hit]:
+        """prepare_load: the stored chunks of this prompt, pinned until released."""
+        if not self.cached or self.env.store is None:
+            return []
+        return self.env.store.lookup(self.ids, self.cuts[:-1])
 
-    def _claim(self) -> Resident:
-        """A sequence for this request: the one holding this very conversation (it
-        continues in place), else an idle one, which first gets the longest live prefix
-        another sequence shares with this prompt (seq_cp: the cells are shared)."""
-        engine = self.env.engine
-        limit = self._tail_start()  # the prompt's tail is always decoded, for its logits
-        best, live = engine.best_resident(self.ids) if self.request.use_cache else (None, 0)
-        live = min(live, limit)
-        others = [r for r in engine.residents if not r.busy and r is not best]
-        if best is not None and (self._continues(best, live) or not others):
-            res = best  # when no other is idle, the best gives up its tail (it is stored)
-            engine.ctx.seq_rm(res.seq, live, -1)
-        else:
-            res = min(others, key=lambda r: (bool(r.tokens), r.last_used))
-            engine.evict(res)
-            if best is not None and live > 0:
-                engine.ctx.seq_cp(best.seq, res.seq, 0, live)
-            else:
-                live = 0
-        res.busy = True
-        res.session = self.report.session_id
-        res.tokens = self.ids[:live]
-        self.report.restored["live"] = live
-        return res
+    def _release(self, hits: list[Hit]) -> None:
+        if self.env.store is not None:
+            self.env.store.release(hits)
 
-    def _continues(self, res: Resident, live: int) -> bool:
-        """Is this request the next turn of the conversation ``res`` holds?"""
-        sid = self.report.session_id
-        if sid is not None and res.session is not None:
-            return sid == res.session
-        # unknown conversations: a continuation diverges only where the last reply was
-        # re-tokenized, a few tokens before the end of what the sequence holds
-        return len(res.tokens) - live <= CONTINUATION_SLACK
-
-    def _restore(self, res: Resident) -> int:
+    def _restore(self, res: Resident, live: int, hits: list[Hit]) -> int:
         """Restores what the store holds beyond the live prefix, when that pays."""
-        have = len(res.tokens)
         store = self.env.store
-        if store is None or not self.request.use_cache or not self.env.engine.chunkable:
+        if not self.cached or store is None:
             self.report.decision = (
                 "cache off"
                 if store is None or not self.request.use_cache
                 else "model cannot be chunked: recomputed"
             )
-            return have
+            return live
         t = time.perf_counter()
-        hits = store.lookup(self.ids[: self._tail_start()])
-        bad: list[bytes] = []
-        try:
-            have = self._restore_hits(res, [h for h in hits if h.end > have], have, bad)
-        finally:
-            store.release(hits)
-            store.drop(bad)
+        have = self._restore_hits(res, hits, live)
         self.report.restore_ms = 1000 * (time.perf_counter() - t)
         return have
 
-    def _restore_hits(self, res: Resident, needed: list[Hit], have: int, bad: list[bytes]) -> int:
-        engine, store = self.env.engine, self.env.store
-        assert store is not None
-        if not needed:
-            self.report.decision = "live hit" if have else "miss"
-            return have
-        tiers = [h.record.tier or "disk" for h in needed]
-        nbytes = sum(
-            h.record.nbytes * (h.end - max(h.record.start, have)) // len(h.record.tokens)
-            for h in needed
-        )
-        slowest = "disk" if "disk" in tiers else "ram"
+    def _restore_hits(self, res: Resident, hits: list[Hit], live: int) -> int:
+        end = hits[-1].end if hits else 0
+        if end <= live:
+            self.report.decision = "live hit" if live else "miss"
+            return live
+        # the whole prefix is loaded at once (a blob replaces what a sequence holds)
+        tiers = [h.record.tier or "disk" for h in hits]
         decision = decide_restore(
-            needed[-1].end - have,
-            nbytes,
-            slowest,
+            end - live,
+            sum(h.record.nbytes for h in hits),
+            "disk" if "disk" in tiers else "ram",
             self.env.tuning.swap_in_threshold_tokens,
             self.env.rates,
         )
         self.report.decision = decision.reason
         if not decision.restore:
-            return have
-        start = have
-        for hit, tier in zip(needed, tiers, strict=True):
-            blob = store.read(hit.record, self.env.staging)
-            if tier == "disk":
-                self.promotions.append(hit.record)
-            if blob is None or not engine.restore(
-                blob, res.seq, max(hit.record.start, have), hit.end
-            ):
-                if blob is not None:
-                    log.warning(
-                        "llama.cpp refused chunk %s; recomputing from token %d",
-                        hit.record.key.hex()[:12],
-                        have,
-                    )
-                    bad.append(hit.record.key)
-                break
-            self.report.restored[tier] += hit.end - have
-            have = hit.end
-        if engine.ctx.seq_pos_max(res.seq) != have - 1:
-            # a gap or overlap in positions: the restored state cannot be trusted
-            log.warning("restored positions do not line up; recomputing the whole prompt")
-            engine.ctx.seq_rm(res.seq)
-            res.tokens = []
+            return live
+        blobs = self._read(hits)
+        hits = hits[: len(blobs)]
+        if not hits or hits[-1].end <= live:
+            self.report.decision += " (chunk missing: recomputed)"
+            return live
+        if not self.env.engine.restore(res, blobs, self.ids, [h.end for h in hits]):
+            log.warning("llama.cpp refused the cached prefix; recomputing the prompt")
             self.report.restored = dict.fromkeys(self.report.restored, 0)
-            self.report.decision = "restore inconsistent: recomputed"
+            self.report.decision = "restore refused: recomputed"
             return 0
-        if have < needed[-1].end:
-            self.report.decision += f" (stopped at token {have}: chunk missing or refused)"
-        res.tokens = self.ids[:have]
-        log.debug("restored [%d, %d) for seq %d", start, have, res.seq)
-        return have
+        self.report.restored["live"] = 0
+        for hit, tier in zip(hits, tiers, strict=False):
+            self.report.restored[tier] += len(hit.record.tokens)
+        return hits[-1].end
+
+    def _read(self, hits: Sequence[Hit]) -> list[np.ndarray]:
+        """The hits' bytes, stopping at the first one that is gone or corrupt. Disk
+        chunks land one after another in the staging memory while it lasts."""
+        store, staging = self.env.store, self.env.staging
+        assert store is not None
+        blobs, at = [], 0
+        for hit in hits:
+            room = None
+            fits = staging is not None and staging.nbytes - at >= hit.record.nbytes
+            if hit.record.slot is None and fits and staging is not None:
+                room = staging[at : at + hit.record.nbytes]
+            blob = store.read(hit.record, room)
+            if blob is None:
+                break
+            if hit.record.slot is None:
+                self.promotions.append(hit.record)
+                at += hit.record.nbytes if room is not None else 0
+            blobs.append(blob)
+        return blobs
 
     # step 2: the reply -----------------------------------------------------------------
     def _generate(self, res: Resident, sampler) -> Iterator[None]:  # type: ignore[no-untyped-def]
@@ -250,8 +233,7 @@ class Job:
                 break
             if n >= budget:
                 break
-            engine.decode([token], res.seq, len(res.tokens))
-            res.tokens.append(token)
+            engine.step(res, token)
             token = sampler.sample(engine.ctx)
             yield
         self.stream.put_token(text.flush())
@@ -260,35 +242,61 @@ class Job:
         self.reply = text.text
 
     # step 3: keep what was computed ----------------------------------------------------------
-    def _capture(self, res: Resident) -> bytes | None:
-        """Copies every chunk of this conversation not stored yet into the store (cost
-        proportional to the new tokens); returns the key of the last one."""
+    def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
+        """Stores the chunk of every batch in ``ends`` (batch ends ``res`` computed or
+        restored) that the store lacks; returns the key of the last one kept."""
         store, engine = self.env.store, self.env.engine
-        if store is None or not self.request.use_cache or not engine.chunkable:
+        if not self.cached or store is None or not ends:
             return None
         tokens = list(res.tokens)
-        parent, c0, leaf = store.root, 0, None
-        for c1 in cut_points(len(tokens), self.env.tuning.chunk_tokens, self.anchor):
+        parent, c0, leaf, snapshot = store.root, 0, None, None
+        for c1 in ends:
             segment = tokens[c0:c1]
             key = chunk_key(parent, segment)
             if key not in store:
-                reservation = store.reserve(engine.blob_bytes(len(segment)) + 4096)
+                reservation = store.reserve(engine.blob_bytes(len(segment)))
                 try:
-                    nbytes = engine.capture(res.seq, c0, c1, reservation.buffer)
-                except Exception:
+                    snapshot = snapshot or engine.snapshot(res.seq)
+                    nbytes = engine.cut(snapshot, c0, c1, reservation.buffer)
+                except Exception as exc:
                     store.abort(reservation)
-                    log.exception("capture of [%d, %d) failed; it will be recomputed", c0, c1)
+                    log.warning(
+                        "capture of [%d, %d) failed (%s); it will be recomputed", c0, c1, exc
+                    )
                     return leaf
                 store.commit(reservation, key, parent, c0, segment, nbytes)
             parent, leaf, c0 = key, key, c1
         return leaf
+
+    def _settle(self, res: Resident) -> Generator[None, None, bytes | None]:
+        """Re-prefills the reply (decoded one token at a time) in the batches that every
+        longer prompt of this conversation is prefilled in, after the client has its
+        answer, and stores those chunks: the next turn then restores what a cold
+        prefill of its history computes. Returns the key of the last chunk."""
+        tuning, engine = self.env.tuning, self.env.engine
+        if not (self.cached and self.env.exact_replies and len(res.tokens) > len(self.ids)):
+            return None
+        tokens, chunk = list(res.tokens), tuning.chunk_tokens
+        stop = len(self.ids) - TAIL_TOKENS
+        keep = max(
+            (b for b in res.bounds if b <= stop and (b % chunk == 0 or b == self.anchor)),
+            default=0,
+        )
+        targets = aligned_cuts(keep, len(tokens), chunk, self.anchor)
+        if not targets:
+            return None
+        engine.trim(res, keep)
+        for end in targets:
+            yield
+            engine.prefill(res, tokens[len(res.tokens) : end], want_logits=False)
+        return self._keep(res, [b for b in res.bounds if b <= targets[-1]])
 
     def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
         book, sid = self.env.sessions, self.report.session_id
         if book is None or sid is None:
             return
         messages = self.request.messages
-        if getattr(self, "reply", None) is not None:
+        if self.reply is not None:
             messages = (*messages, Message("assistant", self.reply))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None
         book.save(sid, messages, n_tokens, fingerprint, leaf)

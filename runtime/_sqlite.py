@@ -18,6 +18,8 @@ def connect(path: Path, migrations: Sequence[Migration]) -> sqlite3.Connection:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # deleted rows are overwritten with zeros, not left in free pages
+        conn.execute("PRAGMA secure_delete=ON")
         migrate(conn, migrations)
     except sqlite3.DatabaseError as exc:
         raise CacheError(f"{path}: {exc}") from exc
@@ -26,6 +28,15 @@ def connect(path: Path, migrations: Sequence[Migration]) -> sqlite3.Connection:
         if p.exists():
             p.chmod(0o600)
     return conn
+
+
+def checkpoint(conn: sqlite3.Connection) -> None:
+    """Folds the WAL into the database and empties it: what was deleted is then gone
+    from the WAL file too (with secure_delete, from the database's pages as well)."""
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.DatabaseError as exc:  # busy readers: the next checkpoint gets it
+        raise CacheError(f"checkpoint failed: {exc}") from exc
 
 
 def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:

@@ -124,19 +124,54 @@ def set_data_gbps(rt: Any) -> float:
 
     def measure() -> float:
         eng = rt.engine
-        seq = max(eng.residents, key=lambda r: len(r.tokens)).seq
-        blob = np.empty(eng.ctx.state_size(seq), dtype=np.uint8)
-        n = eng.ctx.state_get_into(seq, blob)
+        held = max(eng.residents, key=lambda r: len(r.tokens))
+        dest = min((r for r in eng.residents if r is not held), key=lambda r: len(r.tokens))
+        eng.evict(dest)
+        blob = np.empty(eng.ctx.state_size(held.seq), dtype=np.uint8)
+        n = eng.ctx.state_get_into(held.seq, blob)
         times = []
         for _ in range(5):
             t = time.perf_counter()
-            ok = eng.ctx.state_set(eng.scratch, blob[:n])
+            ok = eng.ctx.state_set(dest.seq, blob[:n])
             times.append(time.perf_counter() - t)
-            eng.ctx.seq_rm(eng.scratch)
+            eng.ctx.seq_rm(dest.seq)
             assert ok
         return n / statistics.median(times) / 1e9
 
     return float(rt._call(measure))
+
+
+def one_step_s(rt: Any) -> float:
+    """One two-token decode at the end of the longest live conversation: what every hit
+    costs at least (the prompt's last two tokens are always decoded)."""
+
+    def measure() -> float:
+        eng = rt.engine
+        res = max(eng.residents, key=lambda r: len(r.tokens))
+        n, times = len(res.tokens), []
+        for _ in range(5):
+            t = time.perf_counter()
+            eng.prefill(res, res.tokens[-2:], want_logits=True)
+            times.append(time.perf_counter() - t)
+            eng.trim(res, n)
+        return statistics.median(times)
+
+    return float(rt._call(measure))
+
+
+def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = None) -> float:
+    """Tokens a second of a 64-token greedy reply (after its first token), with the
+    decode threads the runtime chose or ``threads``."""
+    eng = rt.engine
+    if threads is not None:
+        rt._call(lambda: eng.ctx.set_threads(threads))
+    try:
+        report = timed(rt, messages, max_tokens=64)["report"]
+    finally:
+        if threads is not None:
+            rt._call(lambda: eng.ctx.set_threads(None))
+    steps = max(report["completion_tokens"] - 1, 1)
+    return steps / max((report["total_ms"] - report["ttft_ms"]) / 1000, 1e-9)
 
 
 def threshold_check(rt: Any) -> dict[str, Any]:
@@ -147,18 +182,28 @@ def threshold_check(rt: Any) -> dict[str, Any]:
     eng, t = rt.engine, rt.tuning
 
     def restore_ms(n: int) -> float:
-        blob, _, _ = eng.time_state_roundtrip(n)
-        dest = eng.residents[-1]
+        """Assembling one chunk of ``n`` tokens and loading it, as a hit does."""
+        import numpy as np
+
+        dest = min(eng.residents, key=lambda r: len(r.tokens))
         eng.evict(dest)
+        ids = eng.model.tokenize("Restore timing text. " * (n // 3 + 2), add_special=False)[:n]
+        eng.prefill(dest, ids, want_logits=False)
+        chunk = np.empty(eng.blob_bytes(n), dtype=np.uint8)
+        eng.cut(eng.snapshot(dest.seq), 0, n, chunk)
         times = []
         for _ in range(5):
+            eng.evict(dest)
             s = time.perf_counter()
-            assert eng.restore(blob, dest.seq, 0, n)
+            assert eng.restore(dest, [chunk], ids, [n])
             times.append(time.perf_counter() - s)
-            eng.ctx.seq_rm(dest.seq)
+        eng.evict(dest)
         return 1000 * statistics.median(times)
 
     def recompute_ms(n: int) -> float:
+        # time_prefill decodes into the scratch sequence, which is resident 0's here:
+        # empty it first (its chunks stay in the store), or positions collide
+        eng.evict(eng.residents[eng.scratch])
         return 1000 * statistics.median(eng.time_prefill(n) for _ in range(3))
 
     def run() -> dict[str, Any]:
@@ -208,12 +253,36 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
             own_tokens.append(r["prompt_tokens"] + r["completion_tokens"])
         rt.wait_idle()  # the last reply's chunks are captured after its Done
         rt.store.flush()
+        out.update(_decode_figures(rt, system, n_conv))
         out["anchor_tokens"] = rt.engine.prompt_ids(Request(messages=first))[1]
         out["final_tokens"] = own_tokens
         out["threshold"] = threshold_check(rt)
         return out
     finally:
         rt.close()
+
+
+def _decode_figures(rt: Any, system: str, n_conv: int) -> dict[str, Any]:
+    """Decode speed alone, with one thread, and with four long conversations resident;
+    a new question on the same long prompt; one decode step at that length."""
+    rt.evict_live()
+    alone = conversation(system, n_conv + 1)
+    timed(rt, alone)  # cold: stored for the next ones
+    rt.wait_idle()
+    rt.evict_live()
+    out: dict[str, Any] = {
+        "decode_tok_s": decode_tok_s(rt, alone),
+        "decode_tok_s_1_thread": decode_tok_s(rt, alone, threads=1),
+    }
+    for i in range(min(4, rt.tuning.resident_sequences) - 1):
+        timed(rt, conversation(system, i), max_tokens=1)  # resident again, from RAM
+    rt.wait_idle()
+    out["resident_during_4_resident"] = sum(1 for r in rt.engine.residents if r.tokens) + 1
+    out["decode_tok_s_4_resident"] = decode_tok_s(rt, alone)
+    out["other_question"] = timed(rt, conversation(system, n_conv + 2))
+    rt.wait_idle()
+    out["one_step_s"] = one_step_s(rt)
+    return out
 
 
 def child_disk(settings: Settings, system: str) -> dict[str, Any]:
@@ -415,6 +484,13 @@ def summarize(
     restored = ram["restored"]["ram"]
     return {
         "prompt_tokens": ours["cold"]["report"]["prompt_tokens"],
+        "decode_tok_s": ours["decode_tok_s"],
+        "decode_tok_s_1_thread": ours["decode_tok_s_1_thread"],
+        "decode_tok_s_4_resident": ours["decode_tok_s_4_resident"],
+        "resident_during_4_resident": ours["resident_during_4_resident"],
+        "other_question_ttft_s": ours["other_question"]["ttft_s"],
+        "other_question_cached_tokens": sum(ours["other_question"]["report"]["restored"].values()),
+        "one_step_s": ours["one_step_s"],
         "cold_ttft_s": ours["cold"]["ttft_s"],
         "live_ttft_s": ours["live"]["ttft_s"],
         "ram_ttft_s": ours["ram"]["ttft_s"],
@@ -459,6 +535,16 @@ def render(r: dict[str, Any]) -> str:
         f"  disk, fresh process   {vs_cold('disk_ttft_s')}"
         f"   ({r['disk_restored_tokens']} tokens from disk in {r['disk_restore_ms']:.1f} ms, "
         f"last token {r['disk_decode_ms']:.1f} ms)",
+        f"  other question        {vs_cold('other_question_ttft_s')}"
+        f"   ({r['other_question_cached_tokens']} tokens cached)",
+        f"  one decode step       {r['one_step_s']:8.3f} s  (two tokens at that length: "
+        f"the floor of every hit; hits / step: live {r['live_ttft_s'] / r['one_step_s']:.2f}, "
+        f"RAM {r['ram_ttft_s'] / r['one_step_s']:.2f}, "
+        f"disk {r['disk_ttft_s'] / r['one_step_s']:.2f})",
+        f"decode {r['decode_tok_s']:.1f} tok/s; one thread {r['decode_tok_s_1_thread']:.1f} "
+        f"tok/s ({r['decode_tok_s'] / r['decode_tok_s_1_thread']:.2f}x); with "
+        f"{r['resident_during_4_resident']} long conversations resident "
+        f"{r['decode_tok_s_4_resident']:.1f} tok/s",
         "llama-cpp-python, same prompts:",
         f"  cold                  TTFT {r['lcp_cold_ttft_s']:8.3f} s",
         f"  LlamaRAMCache hit     TTFT {r['lcp_ram_ttft_s']:8.3f} s   "

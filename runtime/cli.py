@@ -13,6 +13,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._private import restrict_umask
 from .errors import WarmstartError
 from .settings import Settings, load_settings
 
@@ -52,6 +53,9 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
                 default=None,
                 help=field.description,
             )
+            if field.default is True:  # a setting that is on by default can be turned off
+                no = "--no-" + name.replace("_", "-")
+                group.add_argument(no, dest=name, action="store_const", const=False)
         else:
             group.add_argument(flag, dest=name, type=conv, default=None, help=field.description)
 
@@ -277,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    restrict_umask()  # everything written from here on is the user's alone (0600/0700)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app"] and argv[1:2] not in (["-h"], ["--help"]):
         return run_app(argv[1:])  # every option after `app` is the app's own

@@ -21,6 +21,7 @@ import numpy as np
 
 from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
+from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, ContextOverflow, RequestError
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Used until the machine is calibrated: the figures of a 2-core CPU box (DESIGN.md).
+STAGING_CAP_BYTES = 256 << 20  # disk reads beyond this land in the pool or fresh memory
 DEFAULT_RATES = Rates(
     prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
 )
@@ -83,11 +85,11 @@ class LocalRuntime:
         model: LoadedModel | None = None,
         tuning: Tuning | None = None,
         rates: Rates | None = None,
-        kv_geometry: tuple[int, int] | None = None,
+        kv_layout: tuple[CacheLayout, ...] | None = None,
     ) -> None:
-        """``model``, ``tuning``, ``rates`` and ``kv_geometry`` come from the factory
+        """``model``, ``tuning``, ``rates`` and ``kv_layout`` come from the factory
         (probe, calibration, policy); left out, the model is loaded here, fixed
-        defaults are used and the engine measures its KV geometry."""
+        defaults are used and the engine measures its KV layout."""
         self.settings = settings
         loaded = model or load_model(settings)
         path = loaded.path
@@ -98,27 +100,37 @@ class LocalRuntime:
             EngineConfig(
                 model_path=path,
                 model_digest=loaded.digest,
-                # room for every resident conversation and for the scratch sequence
-                n_ctx_total=self.tuning.n_ctx * (self.tuning.resident_sequences + 1),
+                n_ctx=self.tuning.n_ctx,
                 resident_sequences=self.tuning.resident_sequences,
                 n_threads=settings.n_threads or 0,
-                decode_threads=settings.decode_threads,
+                decode_threads=settings.decode_threads or 0,
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
-                kv_geometry=kv_geometry,
+                kv_layout=kv_layout,
             ),
             model=loaded.model,
         )
         self.model_id = path.stem if settings.model not in ("default",) else "default"
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
-        self.book = SessionBook(settings.data_dir / "sessions.db")
+        keep_text = settings.history and not settings.no_cache
+        self.book = SessionBook(settings.data_dir / "sessions.db", keep_text=keep_text)
         staging = None
-        if self.store is not None and self.store.pool is not None:
-            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM
-            staging = np.ones(self.store.pool.slot_bytes, dtype=np.uint8)
-        self.env = Env(self.engine, staging, self.store, self.tuning, self.rates, self.book)
+        if self.store is not None:
+            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and
+            # a disk hit reads a whole conversation's chunks into it
+            prefix = self.engine.blob_bytes(self.n_ctx)
+            staging = np.ones(min(prefix, STAGING_CAP_BYTES), dtype=np.uint8)
+        self.env = Env(
+            self.engine,
+            staging,
+            self.store,
+            self.tuning,
+            self.rates,
+            self.book,
+            exact_replies=settings.exact_replies,
+        )
         self.counters: collections.Counter[str] = collections.Counter()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Job] = collections.deque()
@@ -133,7 +145,7 @@ class LocalRuntime:
         s, t = self.settings, self.tuning
         if s.no_cache:
             return None
-        pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens) + 4096)
+        pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens))
         disk = DiskTier(
             s.effective_cache_dir, self.engine.fingerprint, t.zstd_level, t.disk_budget_bytes
         )
@@ -153,8 +165,15 @@ class LocalRuntime:
         if not 0.0 < s.top_p <= 1.0:
             raise RequestError("top_p must be in (0, 1]", param="top_p")
 
+    def _check_room(self) -> None:
+        """Busy before any work: tokenizing a large prompt must not precede the 429."""
+        with self._cv:
+            if len(self._waiting) >= self.settings.max_queue:
+                raise Busy(retry_after=2.0)
+
     def count_tokens(self, request: Request) -> int:
         self._validate(request)
+        self._check_room()
         return len(self.engine.prompt_ids(request)[0])
 
     def generate(self, request: Request) -> Stream:
@@ -170,6 +189,7 @@ class LocalRuntime:
 
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
+        self._check_room()
         ids, anchor = self.engine.prompt_ids(request)
         if len(ids) >= self.n_ctx:
             raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
@@ -254,6 +274,7 @@ class LocalRuntime:
             for res in self.engine.residents:
                 if not res.busy:
                     self.engine.evict(res)
+            self.engine.evictions = 0  # asked for, not pushed out by others
 
         self._call(evict_idle)
 
@@ -318,7 +339,7 @@ class LocalRuntime:
             "live": {
                 "tokens": live_tokens,
                 "bytes": live_tokens * kvb,
-                "capacity_bytes": self.engine.ctx.n_ctx * kvb,
+                "capacity_bytes": self.engine.n_ctx * len(self.engine.residents) * kvb,
                 "sequences": len(self.engine.residents),
                 "resident": sum(1 for r in self.engine.residents if r.tokens),
             },
@@ -351,7 +372,7 @@ class LocalRuntime:
             cached_tokens=sum(c[f"tokens_{t}"] for t in TIERS),
             hits={t: c[f"hits_{t}"] for t in TIERS},
             misses=c["hits_miss"],
-            evictions=(out.get("store") or {}).get("evictions", 0) + c["live_evictions"],
+            evictions=(out.get("store") or {}).get("evictions", 0) + self.engine.evictions,
             tiers=tiers,
             queue={
                 "waiting": waiting,

@@ -69,6 +69,12 @@ def _hardware_lines(hw: dict[str, Any]) -> list[str]:
         f"swap {_size(mem['swap_total'])} ({_size(mem['swap_free'])} free)",
     ]
     for i, gpu in enumerate(hw["gpus"]):
+        if gpu.get("unified"):
+            lines.append(
+                f"  GPU {i}    {gpu['name']}: unified memory with the CPU "
+                f"({_size(gpu['vram_total'])}, {_size(gpu['vram_free'])} free), no PCIe link"
+            )
+            continue
         link = gpu.get("pcie")
         where = "PCIe unknown"
         if link:

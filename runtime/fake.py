@@ -125,6 +125,7 @@ class FakeRuntime:
         prefill_delay: float = 2e-4,
         ram_sessions: int = 8,
         disk_sessions: int = 64,
+        reply_words: int | None = None,
     ) -> None:
         self.model_id = model_id
         self.n_ctx = n_ctx
@@ -132,6 +133,7 @@ class FakeRuntime:
         self.slots = slots
         self.token_delay = token_delay
         self.prefill_delay = prefill_delay
+        self.reply_words = reply_words  # every reply this long (tests of slow readers)
         self._caps = {"live": slots, "ram": ram_sessions, "disk": disk_sessions}
         self._entries: dict[str, _Entry] = {}
         self._clock = 0
@@ -369,9 +371,15 @@ class FakeRuntime:
             report.decision = "recomputed: no cached prefix"
         time.sleep(report.restore_ms / 1000)
         started = time.perf_counter()
-        time.sleep((len(job.tokens) - cached) * self.prefill_delay)
+        # in slices, like the real prefill: a client that leaves stops paying for it
+        deadline = started + (len(job.tokens) - cached) * self.prefill_delay
+        while (left := deadline - time.perf_counter()) > 0 and not job.stream.cancelled:
+            time.sleep(min(left, 0.02))
         report.prefill_ms = (time.perf_counter() - started) * 1000
-        job.reply, report.finish_reason = _cut(reply_text(job.request), job.request.sampling)  # type: ignore[assignment]
+        text = reply_text(job.request)
+        if self.reply_words:
+            text = " ".join([text.strip()] * (self.reply_words // max(len(text.split()), 1) + 1))
+        job.reply, report.finish_reason = _cut(text, job.request.sampling)  # type: ignore[assignment]
         job.report = report
 
     def _finish(self, job: _Job, reason: str) -> bool:

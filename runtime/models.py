@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._private import private_file
 from .errors import ModelError, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ class DigestCache:
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             self.file.write_text(json.dumps(known))
+            private_file(self.file)
         except OSError as exc:
             log.debug("digest cache not written: %s", exc)
         return digest

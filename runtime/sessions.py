@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _sqlite
+from ._private import private_dir
 from .types import Message
 
 MIGRATIONS = [
@@ -65,10 +66,15 @@ def title_of(messages: tuple[Message, ...]) -> str:
 
 
 class SessionBook:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    """``keep_text=False`` (the ``history`` setting off) keeps no conversation text:
+    sessions are listed with their token counts and cache keys, without title or
+    messages."""
+
+    def __init__(self, path: Path, keep_text: bool = True) -> None:
+        private_dir(path.parent, "data_dir")
         self._db = _sqlite.connect(path, MIGRATIONS)
         self._lock = threading.Lock()
+        self.keep_text = keep_text
 
     def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
         messages = tuple(Message(m["role"], m["content"]) for m in json.loads(r[7]))
@@ -100,6 +106,8 @@ class SessionBook:
     ) -> None:
         """Creates or updates a session; a None ``leaf`` keeps the one it had."""
         now = time.time()
+        if not self.keep_text:
+            messages = ()
         payload = json.dumps([{"role": m.role, "content": m.content} for m in messages])
         with self._lock:
             self._db.execute(
@@ -108,14 +116,24 @@ class SessionBook:
                 "updated=excluded.updated, n_tokens=excluded.n_tokens, "
                 "fingerprint=COALESCE(excluded.fingerprint, fingerprint), "
                 "leaf=COALESCE(excluded.leaf, leaf), messages=excluded.messages",
-                (session_id, title_of(messages), now, now, n_tokens, fingerprint, leaf, payload),
+                (session_id, self._title(messages), now, now, n_tokens, fingerprint, leaf, payload),
             )
 
+    def _title(self, messages: tuple[Message, ...]) -> str:
+        return title_of(messages) if self.keep_text else ""
+
     def delete(self, session_id: str) -> bool:
+        """Deletes a session; its text leaves the database file (secure_delete) and the
+        WAL (a checkpoint) before this returns."""
         with self._lock:
             cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            _sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 
     def close(self) -> None:
+        """Checkpoints (a clean shutdown leaves no WAL behind) and closes."""
         with self._lock:
-            self._db.close()
+            try:
+                _sqlite.checkpoint(self._db)
+            finally:
+                self._db.close()

@@ -9,18 +9,25 @@ value given anywhere overrides the policy. A bad value fails loudly with a
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError
 
 APP_NAME = "warmstart"
+# systemd's LoadCredential=warmstart-api-key:/path puts the key in this file of
+# $CREDENTIALS_DIRECTORY (the home-server installer relies on this name).
+CREDENTIAL_NAME = "warmstart-api-key"
+
+log = logging.getLogger(__name__)
 
 
 def default_data_dir() -> Path:
@@ -48,8 +55,22 @@ class _TomlSource(PydanticBaseSettingsSource):
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path}: {exc}") from exc
-        table = data.get("warmstart", data)
-        return {k.replace("-", "_"): v for k, v in table.items()}
+        table = {k.replace("-", "_"): v for k, v in data.get("warmstart", data).items()}
+        if table.get("api_key"):
+            _warn_if_readable(path)
+        return table
+
+
+def _warn_if_readable(path: Path) -> None:
+    with_key = path.stat().st_mode
+    if with_key & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning(
+            "config file %s holds api_key but other users can read it (mode %o); "
+            "run: chmod 600 %s, or use api_key_file",
+            path,
+            stat.S_IMODE(with_key),
+            path,
+        )
 
 
 class Settings(BaseSettings):
@@ -61,7 +82,12 @@ class Settings(BaseSettings):
     model: str = Field("default", description="model: 'default', a pulled name or a GGUF path")
     data_dir: Path = Field(default_factory=default_data_dir, description="models, cache, sessions")
     cache_dir: Path | None = Field(None, description="KV cache directory (default: data_dir/cache)")
-    no_cache: bool = Field(False, description="run without the KV store, for comparison")
+    no_cache: bool = Field(
+        False, description="run without the KV store, for comparison (also keeps no history)"
+    )
+    history: bool = Field(
+        True, description="keep conversation text in sessions.db (off: only the KV cache)"
+    )
 
     # the context
     n_ctx: int | None = Field(None, ge=256, le=262144, description="tokens per conversation")
@@ -69,12 +95,14 @@ class Settings(BaseSettings):
         None, ge=1, le=63, description="conversations kept live in the context"
     )
     n_threads: int | None = Field(None, ge=1, le=512, description="CPU threads for prefill")
-    decode_threads: int = Field(
-        1,
-        ge=1,
-        le=512,
-        description="CPU threads for one-token decode steps; 1 keeps greedy replies "
-        "identical whatever else is cached (llama.cpp splits attention by thread)",
+    decode_threads: int | None = Field(
+        None, ge=1, le=512, description="CPU threads for one-token decode steps (default: all)"
+    )
+    exact_replies: bool = Field(
+        True,
+        description="re-prefill each reply in aligned batches after it is sent, so that a "
+        "cached turn equals --no-cache bit for bit; off saves that work and later turns "
+        "may differ slightly from --no-cache",
     )
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")
@@ -104,9 +132,52 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None, min_length=8, description="Bearer key (required off loopback)"
     )
+    api_key_file: Path | None = Field(
+        None, description="a file holding the Bearer key (kept off the command line)"
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host names accepted besides loopback ('*.lan' matches a suffix, "
+        "'*' turns the check off)",
+    )
     cors_origins: tuple[str, ...] = Field((), description="origins allowed by CORS (none: off)")
+    tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for https")
+    tls_key: Path | None = Field(None, description="TLS private key (PEM) for https")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")
     max_queue: int = Field(16, ge=1, le=4096, description="requests waiting before 429")
+    max_messages: int = Field(
+        4096, ge=1, le=1_000_000, description="most messages in one chat request"
+    )
+    max_prompt_chars: int = Field(
+        2_000_000, ge=1, le=1 << 30, description="most characters of prompt text in a request"
+    )
+    max_connections: int = Field(
+        256, ge=4, le=65536, description="open connections at most (also kept under ulimit -n)"
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, le=3600, description="seconds a client has to send its request headers"
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds a client has to send its request body"
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, le=3600, description="seconds an idle keep-alive connection stays open"
+    )
+    send_timeout: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="seconds a streamed reply waits on a client that stopped reading "
+        "before its generation is cancelled",
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_has_no_whitespace(cls, value: str | None) -> str | None:
+        # A key of spaces (or with a stray newline) is accepted by no client header.
+        if value is not None and any(ch.isspace() for ch in value):
+            raise ValueError("the key must not contain whitespace")
+        return value
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> Settings:
@@ -139,13 +210,42 @@ class Settings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Builds the settings; CLI flags come in as ``overrides`` (``None`` = not given)."""
+    """Builds the settings; CLI flags come in as ``overrides`` (``None`` = not given).
+
+    The API key comes from, in order: api_key, api_key_file (its content without
+    the trailing newline), then ``$CREDENTIALS_DIRECTORY/warmstart-api-key``."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    key_file: tuple[Path, str] | None = None
     try:
-        return Settings(**given)
+        settings = Settings(**given)
+        key_file = _key_file(settings)
+        if key_file is None:
+            return settings
+        return Settings(**{**given, "api_key": _read_key(key_file[0], key_file[1])})
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"]) or "settings"
+            if name == "api_key" and key_file is not None:
+                name = key_file[1]
             problems.append(f"{name}: {err['msg']}")
         raise ConfigError("invalid setting: " + "; ".join(problems)) from exc
+
+
+def _key_file(settings: Settings) -> tuple[Path, str] | None:
+    """(path, the setting it came from) of the file holding the key, if any."""
+    if settings.api_key is not None:
+        return None
+    if settings.api_key_file is not None:
+        return settings.api_key_file, "api_key_file"
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    if credentials and (Path(credentials) / CREDENTIAL_NAME).is_file():
+        return Path(credentials) / CREDENTIAL_NAME, "CREDENTIALS_DIRECTORY/" + CREDENTIAL_NAME
+    return None
+
+
+def _read_key(path: Path, setting: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{setting}: cannot read the key from {path}: {exc}") from exc

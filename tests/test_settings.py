@@ -56,3 +56,73 @@ def test_bad_config_file_and_unknown_key(config_file: Path) -> None:
     config_file.write_text("chunk_tokenz = 64\n")
     with pytest.raises(ConfigError, match="chunk_tokenz"):
         load_settings()
+
+
+# the API key from a file, a systemd credential, and its rules ----------------------------
+def test_the_api_key_comes_from_a_file(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from warmstart.runtime.errors import ConfigError
+    from warmstart.runtime.settings import load_settings
+
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    key = tmp_path / "key"
+    key.write_text("s3cret-key-from-file\n")
+    assert load_settings(api_key_file=key).api_key == "s3cret-key-from-file"
+    monkeypatch.setenv("WARMSTART_API_KEY_FILE", str(key))
+    assert load_settings().api_key == "s3cret-key-from-file"
+    assert load_settings(api_key="given-on-purpose").api_key == "given-on-purpose"
+    key.write_text("        \n")
+    try:
+        load_settings()
+    except ConfigError as exc:
+        assert "api_key_file" in str(exc) and "whitespace" in str(exc)
+    else:
+        raise AssertionError("a key of spaces was accepted")
+    monkeypatch.setenv("WARMSTART_API_KEY_FILE", str(tmp_path / "missing"))
+    try:
+        load_settings()
+    except ConfigError as exc:
+        assert "api_key_file" in str(exc)
+    else:
+        raise AssertionError("a missing key file was accepted")
+
+
+def test_the_api_key_comes_from_a_systemd_credential(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from warmstart.runtime.settings import CREDENTIAL_NAME, load_settings
+
+    monkeypatch.delenv("WARMSTART_API_KEY_FILE", raising=False)
+    monkeypatch.delenv("WARMSTART_API_KEY", raising=False)
+    (tmp_path / CREDENTIAL_NAME).write_text("credential-key-0123\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert CREDENTIAL_NAME == "warmstart-api-key"  # the installer's contract
+    assert load_settings().api_key == "credential-key-0123"
+    assert load_settings(api_key="explicit-key-99").api_key == "explicit-key-99"
+
+
+def test_a_key_with_whitespace_is_refused() -> None:
+    from warmstart.runtime.errors import ConfigError
+    from warmstart.runtime.settings import load_settings
+
+    for bad in ("        ", "two words here", "tab\there-123"):
+        try:
+            load_settings(api_key=bad)
+        except ConfigError as exc:
+            assert "api_key" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_a_readable_config_file_with_a_key_warns(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    from warmstart.runtime.settings import load_settings
+
+    config = tmp_path / "warmstart.toml"
+    config.write_text('api_key = "config-key-12345"\n')
+    config.chmod(0o644)
+    monkeypatch.setenv("WARMSTART_CONFIG", str(config))
+    with caplog.at_level("WARNING"):
+        assert load_settings().api_key == "config-key-12345"
+    assert "chmod 600" in caplog.text
+    caplog.clear()
+    config.chmod(0o600)
+    with caplog.at_level("WARNING"):
+        load_settings()
+    assert "chmod 600" not in caplog.text

@@ -1,4 +1,4 @@
-"""A quick start: the KV geometry is measured once, with the calibration, and a fresh
+"""A quick start: the KV layout is measured once, with the calibration, and a fresh
 `warmstart ask` of a repeated question reaches its first token without a probe decode."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 from warmstart.runtime import bench
 from warmstart.runtime.engine._engine import Engine
+from warmstart.runtime.factory import layout_from_json, layout_to_json
 
 from tests.conftest import chat, small_settings
 
@@ -24,32 +24,40 @@ def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
 
 
-def test_a_calibrated_start_measures_no_kv_geometry(
+def test_a_calibrated_start_measures_no_kv_layout(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from warmstart.runtime.factory import open_runtime
 
     settings = small_settings(tmp_path, model_path, prewarm_sessions=0)
-    with open_runtime(settings, prewarm=False) as rt:  # calibrates, measuring the geometry
-        measured = (rt.engine.kv_bytes_per_token, rt.engine.kv_overhead_bytes)
+    question = chat("Name a colour. One word.", max_tokens=4)
+    with open_runtime(settings, prewarm=False) as rt:  # calibrates, measuring the layout
+        measured = rt.engine.layout
+        first, _ = rt.generate(question).text()
+        rt.wait_idle()
 
-    def probe(_self: Engine) -> tuple[int, int]:
-        raise AssertionError("a calibrated start must not decode to measure the KV geometry")
+    def probe(_self: Engine) -> object:
+        raise AssertionError("a calibrated start must not decode to measure the KV layout")
 
-    monkeypatch.setattr(Engine, "_measure_kv_geometry", probe)
+    monkeypatch.setattr(Engine, "_measure_layout", probe)
     with open_runtime(settings, prewarm=False) as rt:
-        assert (rt.engine.kv_bytes_per_token, rt.engine.kv_overhead_bytes) == measured
-        text, report = rt.generate(chat("Name a colour. One word.", max_tokens=4)).text()
-        assert text.strip() and report.completion_tokens > 0
+        # the same layout, with this context's own stream count (calibration: 1 stream)
+        assert rt.engine.layout == measured and rt.engine.layout.ident == measured.ident
+        assert rt.engine.layout.n_stream == settings.resident_sequences
+        again, report = rt.generate(question).text()
+    # chunks written before restore through the kept layout: the same greedy reply
+    assert report.restored["disk"] > 0 and again == first
 
-        def blob_sizes() -> list[tuple[int, int]]:
-            # the kept geometry still bounds the real blobs of this context
-            eng, res = rt.engine, max(rt.engine.residents, key=lambda r: len(r.tokens))
-            out = np.empty(eng.ctx.state_size(res.seq), dtype=np.uint8)
-            return [(eng.ctx.state_get_into(res.seq, out), eng.blob_bytes(len(res.tokens)))]
 
-        for real, bound in rt._call(blob_sizes):
-            assert real <= bound < real + 4096
+def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
+    import json
+
+    from warmstart.runtime.core import LocalRuntime
+
+    with LocalRuntime(small_settings(tmp_path, model_path)) as rt:
+        caches = rt.engine.layout.caches
+    back = layout_from_json(json.loads(json.dumps(layout_to_json(caches))))
+    assert back == caches and repr(back) == repr(caches)  # the ident hashes the repr
 
 
 def test_cli_flags_reproduce_the_settings(tmp_path: Path, model_path: Path) -> None:

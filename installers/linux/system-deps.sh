@@ -1,6 +1,7 @@
 #!/bin/sh
 # Debian/Ubuntu packages the desktop app (PySide6) needs, plus Xvfb for headless
-# screenshots and GUI tests in CI. Idempotent: installs only what is missing.
+# screenshots and GUI tests in CI, and the tools the installer tests check with
+# (desktop-file-validate, systemd-analyze, runuser from util-linux). Idempotent: installs only what is missing.
 # Usage: sudo installers/linux/system-deps.sh   (or as root in CI)
 set -eu
 
@@ -12,6 +13,7 @@ libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xkb1 libxcb-xfixes0
 libx11-xcb1 libxrender1 libxi6
 fonts-dejavu-core
 xvfb xauth
+desktop-file-utils systemd util-linux
 "
 
 missing=""

@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 
+from .._private import restrict_umask
 from ..errors import ConfigError
 from ..fake import FakeRuntime
 from ..settings import load_settings
@@ -30,11 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token-delay", type=float, default=0.0, help="seconds per token round")
     p.add_argument("--prefill-delay", type=float, default=2e-4, help="seconds per prompt token")
     p.add_argument("--model-id", default="warmstart-fake", help="the model name to report")
+    p.add_argument("--reply-words", type=int, default=None, help="make every reply this long")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    restrict_umask()
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     try:
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             slots=args.slots,
             token_delay=args.token_delay,
             prefill_delay=args.prefill_delay,
+            reply_words=args.reply_words,
         )
         serve(settings, runtime, log_level=args.log_level)
     except ConfigError as exc:

@@ -8,6 +8,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from ..service import Runtime
 from ..settings import Settings
 from . import _errors, _openai, _warmstart
+from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
 from ._state import AppState
@@ -20,9 +21,10 @@ from the cache in `usage.prompt_tokens_details.cached_tokens` and in `x_warmstar
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     """An ASGI app serving ``runtime``. The caller owns the runtime (and closes it).
 
-    Middleware, outermost first: CORS (only when ``settings.cors_origins``, so a
-    preflight needs no key), request counting, API key (only when
-    ``settings.api_key``), body size limit.
+    Middleware, outermost first: the Host and Origin guard (403 before anything
+    else, see _guard.py), CORS (only when ``settings.cors_origins``, so a preflight
+    needs no key), request counting, API key (only when ``settings.api_key``; before
+    the body is read), body size limit.
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
     app.state.warmstart = AppState(settings=settings, runtime=runtime, metrics=Metrics(runtime))
@@ -31,7 +33,9 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
     # add_middleware wraps: the last added is the outermost.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, limit=settings.max_request_bytes, timeout=settings.body_timeout
+    )
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
     app.add_middleware(CountingMiddleware, metrics=app.state.warmstart.metrics)
@@ -42,4 +46,6 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Warmstart-Session"],
         )
+    policy = HostPolicy(settings.host, settings.allowed_hosts)
+    app.add_middleware(HostGuardMiddleware, policy=policy, cors_origins=settings.cors_origins)
     return app

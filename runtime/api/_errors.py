@@ -55,6 +55,9 @@ class APIError(Exception):
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
+    # A message may quote client input; a lone surrogate in it must not make the error
+    # itself fail to encode (a 500 in place of the 4xx).
+    message = message.encode("utf-8", "replace").decode("utf-8")
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -86,15 +89,28 @@ def from_runtime(exc: WarmstartError, prompt_param: str = "messages") -> APIErro
     return APIError(500, f"the runtime failed: {exc}", type="server_error")
 
 
+# Pydantic names the union member that failed ("str", "list[TextPart]",
+# "function-after[...]") in an error's location; a client wants the field only.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "body"})
+
+
+def _is_field(part: object) -> bool:
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text.isidentifier() and text not in _UNION_TAGS
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """A one-line message naming the first bad field, and that field as ``param``."""
     errors = exc.errors()
     if not errors:
         return "the request body is invalid", None
-    first = errors[0]
+    # A failed check on a value says more than "not a list" about a union's other arm.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0])
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
     param = ".".join(loc) or None
     where = f"{param}: " if param else "request body: "
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import error_body
@@ -18,7 +19,7 @@ from ._metrics import Metrics
 OPEN_PATHS = frozenset({"/health"})
 
 
-async def _send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
+async def send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
     raw = json.dumps(body).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
@@ -47,7 +48,7 @@ class AuthMiddleware:
             "authentication_error",
             code="invalid_api_key",
         )
-        await _send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
+        await send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
 
 
 class BodyLimitMiddleware:
@@ -56,9 +57,10 @@ class BodyLimitMiddleware:
     The body is read up front (it is bounded) and replayed to the app; after it the
     app's ``receive`` reaches the server again, so disconnects still arrive."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,17 +72,27 @@ class BodyLimitMiddleware:
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left before sending it all
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                await self._too_large(send)
-                return
-            if not message.get("more_body", False):
-                break
+        # A body trickled byte by byte must not hold a connection (and a descriptor).
+        with anyio.move_on_after(self.timeout) as waited:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left before sending it all
+                    return
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.limit:
+                    await self._too_large(send)
+                    return
+                if not message.get("more_body", False):
+                    break
+        if waited.cancelled_caught:
+            body = error_body(
+                f"the request body took longer than {self.timeout:g} s to arrive",
+                "invalid_request_error",
+                code="request_timeout",
+            )
+            await send_error(send, 408, body, [(b"connection", b"close")])
+            return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
     async def _too_large(self, send: Send) -> None:
@@ -89,7 +101,7 @@ class BodyLimitMiddleware:
             "invalid_request_error",
             code="request_too_large",
         )
-        await _send_error(send, 413, body, [(b"connection", b"close")])
+        await send_error(send, 413, body, [(b"connection", b"close")])
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -64,11 +64,41 @@ async def _reply(
         raise from_runtime(exc, "messages" if shape.kind == "chat" else "prompt") from exc
     if stream:
         return SSEResponse(
-            events, shape, st.limiter, include_usage=usage, on_done=st.metrics.observe
+            events,
+            shape,
+            st.limiter,
+            include_usage=usage,
+            on_done=st.metrics.observe,
+            send_timeout=st.settings.send_timeout,
         )
     text, report = await collect(request, events, st.limiter)
     st.metrics.observe(report)
     return JSONResponse(shape.whole(text, report))
+
+
+def _check_size(st: AppState, body: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuses, before any tokenizing, a request bigger than the settings allow."""
+    limits = st.settings
+    if isinstance(body, ChatCompletionRequest):
+        if len(body.messages) > limits.max_messages:
+            raise APIError(
+                400,
+                f"messages: {len(body.messages)} messages; at most {limits.max_messages} "
+                "are accepted (max_messages)",
+                param="messages",
+                code="too_many_messages",
+            )
+        chars, param = body.text_chars(), "messages"
+    else:
+        chars, param = body.text_chars(), "prompt"
+    if chars > limits.max_prompt_chars:
+        raise APIError(
+            400,
+            f"{param}: {chars} characters of text; at most {limits.max_prompt_chars} are "
+            "accepted (max_prompt_chars)",
+            param=param,
+            code="prompt_too_long",
+        )
 
 
 async def _answer(
@@ -77,9 +107,10 @@ async def _answer(
     session: str | None,
     kind: Literal["chat", "completion"],
 ) -> Response:
-    """Both routes: check the model, size max_tokens, then reply."""
+    """Both routes: check the model and the size, size max_tokens, then reply."""
     st = state(request)
     st.check_model(body.model)
+    _check_size(st, body)
     draft = body.to_request(session, 1)
     limit = await _max_tokens(st, body.requested_max_tokens(), draft)
     req = body.to_request(session, limit)

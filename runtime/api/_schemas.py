@@ -9,14 +9,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
 from ..types import Message, Request, Sampling
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512
-SESSION_ID = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def _valid_unicode(value: str) -> str:
+    """JSON may carry lone surrogates (\\ud800) that no UTF-8 encoder accepts; the
+    tokenizer would fail on them far from here, so they are a 400 naming the field."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"contains a lone surrogate (U+{ord(value[exc.start]):04X}) at character "
+            f"{exc.start}, which is not valid Unicode text"
+        ) from None
+    return value
+
+
+# Every string a client sends is checked, so none can fail later as a 500.
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+SESSION_ID = Annotated[Text, Field(min_length=1, max_length=256)]
 
 
 class _Body(BaseModel):
@@ -25,16 +42,18 @@ class _Body(BaseModel):
 
 class TextPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Body):
     # "developer" is what newer OpenAI clients send for the system prompt.
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    # Required and never null: warmstart runs no tools, so a message without text is a
+    # client error, not an empty turn.
+    content: Text | list[TextPart]
 
     def to_message(self) -> Message:
-        content = self.content or ""
+        content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
@@ -48,12 +67,12 @@ class StreamOptions(_Body):
 class _Sampled(_Body):
     """The sampling fields shared by chat and raw completions."""
 
-    model: str | None = Field(None, description="the loaded model's id or 'default'")
+    model: Text | None = Field(None, description="the loaded model's id or 'default'")
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     n: int = Field(1, ge=1, le=1, description="only one choice is supported")
     stream: bool = False
@@ -82,6 +101,9 @@ class _Sampled(_Body):
 class ChatCompletionRequest(_Sampled):
     messages: list[ChatMessage] = Field(..., description="the conversation, oldest first")
 
+    def text_chars(self) -> int:
+        return sum(len(m.to_message().content) for m in self.messages)
+
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
         if not self.messages:
             raise RequestError("messages must contain at least one message", "messages")
@@ -93,9 +115,12 @@ class ChatCompletionRequest(_Sampled):
 
 
 class CompletionRequest(_Sampled):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
         ..., description="the text to continue (a list holding one string is accepted)"
     )
+
+    def text_chars(self) -> int:
+        return len(self.prompt if isinstance(self.prompt, str) else self.prompt[0])
 
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]

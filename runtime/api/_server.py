@@ -10,7 +10,10 @@ import uvicorn
 from ..errors import ConfigError
 from ..service import Runtime
 from ..settings import Settings
+from . import _logs
 from ._app import create_app
+from ._notify import notify_when_ready
+from ._protocol import ConnectionLimits, fd_bounded, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +44,43 @@ def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> N
 
     Raises ConfigError before binding anything when the bind rule is broken."""
     check_bind(settings)
+    check_tls(settings)
     app = create_app(settings, runtime)
+    limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        http=protocol_class(limits),
+        # Idle keep-alive connections are closed soon; a new request's headers get
+        # header_timeout, its body body_timeout (BodyLimitMiddleware).
+        timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
+        # Requests in progress at most: beyond it uvicorn answers 503 at once. It also
+        # counts connections, which the protocol keeps at max_connections: one more.
+        limit_concurrency=limits.max_connections + 1,
+        h11_max_incomplete_event_size=64 << 10,  # request line and headers
+        ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
+        ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
         # Streams in flight get a few seconds to finish, then are cut (and cancelled).
         timeout_graceful_shutdown=5,
     )
-    log.info("serving %s on http://%s:%d/v1", runtime.model_id, settings.host, settings.port)
+    _logs.install()
+    # under systemd (Type=notify): READY=1 once /health answers, i.e. the model is loaded
+    notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
+    scheme = "https" if settings.tls_cert else "http"
+    log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
     try:
         uvicorn.Server(config).run()
     finally:
         runtime.close()
+
+
+def check_tls(settings: Settings) -> None:
+    """Both or neither of tls_cert and tls_key, and both readable."""
+    given = [p for p in (settings.tls_cert, settings.tls_key) if p is not None]
+    if len(given) == 1:
+        raise ConfigError("tls_cert and tls_key: give both (a PEM certificate and its key)")
+    for name, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{name}: {path} is not a readable file")

@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled, WarmstartError
 from ..types import Done, Event, Report, Stream, Token
@@ -119,7 +119,12 @@ async def sse_chunks(
 
 class SSEResponse(StreamingResponse):
     """A text/event-stream reply. However it ends, a stream not read to its Done is
-    cancelled and the body generator closed, so the runtime frees the slot now."""
+    cancelled and the body generator closed, so the runtime frees the slot now.
+
+    Two ways a client leaves: it disconnects (watched for while the reply is
+    computed, prefill included, not only when the next token is sent), or it stops
+    reading with its socket open: once the socket buffers are full a send waits, and
+    a send that waits longer than ``send_timeout`` seconds ends the reply."""
 
     media_type = "text/event-stream"
 
@@ -131,9 +136,11 @@ class SSEResponse(StreamingResponse):
         *,
         include_usage: bool,
         on_done: Callable[[Report], None],
+        send_timeout: float = 5.0,
     ) -> None:
         self._stream = stream
         self._done = False
+        self._send_timeout = send_timeout
 
         def finished(report: Report) -> None:
             self._done = True
@@ -146,8 +153,25 @@ class SSEResponse(StreamingResponse):
         super().__init__(self._chunks, headers=headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed_send(message: Message) -> None:
+            with anyio.fail_after(self._send_timeout):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    log.info("client disconnected; cancelling its generation")
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                try:
+                    await self.stream_response(timed_send)
+                except OSError as exc:  # TimeoutError too: the client stopped reading
+                    log.info("cannot send to the client (%s); cancelling its generation", exc)
+                group.cancel_scope.cancel()
         finally:
             if not self._done:
                 log.info("stream ended early (client gone?); cancelling its generation")

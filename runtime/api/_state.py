@@ -21,6 +21,7 @@ MODEL_ALIASES = frozenset({"default"})
 ERRORS: dict[int | str, dict] = {
     400: {"model": ErrorResponse, "description": "invalid request"},
     401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    403: {"model": ErrorResponse, "description": "Host or Origin not allowed"},
     404: {"model": ErrorResponse, "description": "unknown model or session"},
     413: {"model": ErrorResponse, "description": "request body too large"},
     429: {"model": ErrorResponse, "description": "busy; see Retry-After"},

@@ -1,8 +1,9 @@
-"""The engine: a model, one context, its resident sequences and the scratch sequence.
+"""The engine: a model, one context with a KV stream per resident conversation.
 
 Owned by one thread (the runtime's worker). Offers what the request pipeline needs:
-prompt tokens, decode with room-making, chunk capture and restore through the
-scratch sequence, sampling, and the calibration probes.
+prompt tokens, claiming a sequence with its reusable live prefix, batch prefill and
+one-token steps, chunk capture by cutting a snapshot of the conversation's state,
+restore by assembling chunks, sampling, and the calibration probes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import llama_cpp.llama_cpp as ll
 import numpy as np
@@ -21,11 +23,14 @@ import numpy as np
 from ..errors import EngineError
 from ..kvstore._keys import common_prefix
 from ..types import Request, Sampling
+from . import _kvblob
 from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
+from ._prompt import PromptTokenizer
 from ._sampling import Sampler
 from ._template import ChatTemplate
 
 log = logging.getLogger(__name__)
+CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
 
 
 def _meta_items(model: LlamaModel) -> list[tuple[str, str]]:
@@ -60,41 +65,70 @@ def fingerprint_of(model: LlamaModel, digest: str, type_kv: str, flash_attn: str
 
 @dataclass
 class Resident:
-    """A conversation living in the context as sequence ``seq``."""
+    """A conversation living in the context as sequence ``seq`` (its own KV stream).
+
+    ``tokens`` is exactly what the KV holds, in order; ``bounds`` the ends of the
+    batches it was computed in (ascending, the last one ``len(tokens)``): a token's KV
+    depends on its batch, so a prefix is reusable only up to a batch end that a cold
+    prefill of the new prompt would also have (see :func:`reusable`)."""
 
     seq: int
     tokens: list[int] = field(default_factory=list)
+    bounds: list[int] = field(default_factory=list)
     last_used: float = 0.0
     busy: bool = False
     session: str | None = None  # the conversation it holds, when known
+    # llama.cpp copies a whole stream at the next decode, over whatever a restore would
+    # have loaded before it: no restore into a sequence with a copy pending
+    copy_pending: bool = False
+
+
+def reusable(
+    bounds: Sequence[int], held: Sequence[int], ids: Sequence[int], cuts: Sequence[int]
+) -> int:
+    """How much of a KV computed in batches ending at ``bounds`` (over tokens ``held``)
+    a prompt ``ids`` prefilled in batches ending at ``cuts`` can keep: the longest run
+    of identical batches over identical tokens."""
+    same = common_prefix(held, ids)
+    usable = 0
+    for mine, theirs in zip(bounds, cuts, strict=False):
+        if mine != theirs or mine > same:
+            break
+        usable = mine
+    return usable
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
     model_digest: str
-    n_ctx_total: int  # KV cells shared by every resident conversation
+    n_ctx: int  # KV cells of each conversation's stream
     resident_sequences: int
     n_threads: int = 0
-    decode_threads: int = 1
+    decode_threads: int = 0
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     type_kv: str = "f16"
-    # (bytes per token, bytes per blob) from the calibration: no probe decode at start
-    kv_geometry: tuple[int, int] | None = None
+    # the KV caches' per-cell layout, kept with the calibration: no probe decode at start
+    kv_layout: tuple[_kvblob.CacheLayout, ...] | None = None
 
 
 class Engine:
+    """The model, one context, and the conversations resident in it. The only owner of
+    "which tokens does each sequence's KV hold": the pipeline uses its verbs (claim,
+    restore, prefill, step, trim, snapshot, release) and never touches the context."""
+
     def __init__(self, config: EngineConfig, model: LlamaModel | None = None) -> None:
         self.config = config
         self.model = model or LlamaModel(config.model_path, config.n_gpu_layers)
         # SWA models keep only a window of cells unless swa_full: chunks need every cell
         self.swa_full = self.model.n_swa > 0
+        n_seq = config.resident_sequences
         self.ctx = LlamaContext(
             self.model,
             ContextConfig(
-                n_ctx=config.n_ctx_total,
-                n_seq_max=config.resident_sequences + 1,
+                n_ctx=config.n_ctx * n_seq,
+                n_seq_max=n_seq,
                 n_threads=config.n_threads,
                 decode_threads=config.decode_threads,
                 flash_attn=config.flash_attn,
@@ -102,20 +136,29 @@ class Engine:
                 swa_full=self.swa_full,
             ),
         )
-        self.scratch = config.resident_sequences
-        self.residents = [Resident(seq) for seq in range(config.resident_sequences)]
+        self.n_ctx = int(self.ctx.n_ctx) // n_seq
+        self.scratch = 0  # calibration engines have one sequence and no residents' use
+        self.residents = [Resident(seq) for seq in range(n_seq)]
+        self.evictions = 0  # conversations pushed out of the live context
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
         self.template = ChatTemplate(
             self.model.chat_template(),
             self.bos_text,
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
+        self.prompter = PromptTokenizer(self.model)
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
-        self.kv_bytes_per_token, self.kv_overhead_bytes = (
-            config.kv_geometry or self._measure_kv_geometry()
+        self._blob = np.empty(0, dtype=np.uint8)  # reused for snapshots and restores
+        # the calibration keeps the caches' layout: a start then decodes no probe (the
+        # stream count is this context's own: one stream per conversation)
+        self.layout = (
+            _kvblob.BlobLayout(n_seq, config.kv_layout)
+            if config.kv_layout is not None
+            else self._measure_layout()
         )
+        self.kv_bytes_per_token = self.layout.cell_bytes
         self.chunkable = not self.model.recurrent
         if not self.chunkable:
             log.warning(
@@ -124,93 +167,175 @@ class Engine:
                 config.model_path.name,
             )
 
-    def _measure_kv_geometry(self) -> tuple[int, int]:
-        """Bytes of state per cached token and per blob, measured on this very context."""
-        probe = self.model.tokenize("warm start " * 8, add_special=False)[:16]
-        probe += [probe[-1]] * (16 - len(probe))
-        self.decode(probe[:8], self.scratch, 0, want_logits=False)
-        size8 = self.ctx.state_size(self.scratch)
-        self.decode(probe[8:16], self.scratch, 8, want_logits=False)
-        size16 = self.ctx.state_size(self.scratch)
+    def _measure_layout(self) -> _kvblob.BlobLayout:
+        """The KV layout of this context, read from a real blob of a few tokens."""
+        probe = self.model.tokenize("warm start " * 8, add_special=False)[:8]
+        probe += [probe[-1]] * (8 - len(probe))
+        self.ctx.decode(probe, self.scratch, 0, want_logits=False)
         # the shapes every request uses (a two-token tail with logits, a one-token
         # step) run once here, so a first request after start pays no warm-up
-        self.decode(probe[:2], self.scratch, 16)
-        self.decode(probe[:1], self.scratch, 18)
-        self.ctx.seq_rm(self.scratch)
-        per_token = (size16 - size8) // 8
-        return per_token, size8 - 8 * per_token
+        self.ctx.decode(probe[:2], self.scratch, 8)
+        self.ctx.decode(probe[:1], self.scratch, 10)
+        try:
+            layout = self.snapshot(self.scratch)[0]
+        finally:
+            self.ctx.seq_rm(self.scratch)
+        return layout
 
     def blob_bytes(self, n_tokens: int) -> int:
-        return self.kv_overhead_bytes + n_tokens * self.kv_bytes_per_token
+        """Bytes of a stored chunk of ``n_tokens`` tokens."""
+        return self.layout.chunk_bytes(n_tokens)
 
     # prompts --------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> tuple[list[int], int]:
         """Token ids of the request's prompt, and the anchor: where the leading system
-        message ends (0 when there is none or it cannot be located exactly)."""
+        message ends (0 when there is none or it cannot be located exactly).
+        Message contents are plain text: only the template's markup holds control
+        tokens (a raw completion prompt is the client's own markup, parsed whole)."""
         if request.prompt is not None:
-            return self._tokenize(request.prompt), 0
-        ids = self._tokenize(self.template.render(request.messages, add_generation_prompt=True))
+            return self.prompter.ids([(request.prompt, True)]), 0
+        parts = self.template.render_parts(request.messages, add_generation_prompt=True)
+        ids = self.prompter.chat_ids(parts, request.messages)
         system = [m for m in request.messages[:1] if m.role == "system"]
         if not system or len(request.messages) < 2:
             return ids, 0
-        head = self._tokenize(self.template.render(system, add_generation_prompt=False))
+        head = self.prompter.ids(self.template.render_parts(system, add_generation_prompt=False))
         anchor = len(head) if ids[: len(head)] == head else 0
         return ids, anchor
 
-    def _tokenize(self, text: str) -> list[int]:
-        add = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        return self.model.tokenize(text, add_special=add, parse_special=True)
-
     # residents --------------------------------------------------------------------
-    def best_resident(self, ids: Sequence[int]) -> tuple[Resident | None, int]:
-        best, best_len = None, 0
-        for res in self.residents:
-            if res.busy or not res.tokens:
-                continue
-            n = common_prefix(res.tokens, ids)
-            if n > best_len:
-                best, best_len = res, n
-        return best, best_len
+    def claim(
+        self,
+        ids: Sequence[int],
+        cuts: Sequence[int],
+        session: str | None,
+        share: bool,
+        stored: int = 0,
+    ) -> tuple[Resident, int]:
+        """A sequence for a prompt, and how many of its tokens it already holds (a
+        prefix that ends where one of ``cuts`` does). The conversation's own sequence
+        continues in place; else an idle one is taken (empty first, then the least
+        recently used), and gets the longest reusable live prefix of another by a
+        whole-stream copy, unless the store holds a longer prefix (``stored`` tokens),
+        which a restore then loads. ``share=False`` (no cache): nothing is reused."""
+        idle = [r for r in self.residents if not r.busy]
+        if not idle:
+            raise EngineError("no idle sequence")  # the runtime admits at most one per job
+        scored = [(reusable(r.bounds, r.tokens, ids, cuts), r) for r in idle] if share else []
+        live, best = max(
+            scored,
+            key=lambda x: (x[0], session is not None and x[1].session == session),
+            default=(0, None),
+        )
+        if not live:
+            best = None
+        if best is not None and (self._continues(best, live, session) or len(idle) == 1):
+            res = best  # continues in place (what it holds beyond ``live`` is stored)
+        else:
+            mine = next((r for r in idle if session and r.session == session), None)
+            others = [r for r in idle if r is not best]
+            if mine is not None and mine is not best:
+                res = mine
+            else:
+                res = min(others, key=lambda r: (bool(r.tokens), r.last_used))
+            self.evict(res)
+            if best is not None and live > stored:
+                self.ctx.seq_cp_all(best.seq, res.seq)
+                res.tokens, res.bounds = list(best.tokens), list(best.bounds)
+                res.copy_pending = True
+            else:
+                live = 0
+        self.trim(res, live)
+        res.busy, res.session = True, session
+        return res, live
+
+    @staticmethod
+    def _continues(res: Resident, live: int, session: str | None) -> bool:
+        """Is this request the next turn of the conversation ``res`` holds?"""
+        if session is not None and res.session is not None:
+            return session == res.session
+        # unknown conversations: a continuation diverges only where the last reply was
+        # re-tokenized, a little before the end of what the sequence holds
+        return len(res.tokens) - live <= CONTINUATION_SLACK
+
+    def release(self, res: Resident) -> None:
+        res.busy = False
+        res.last_used = time.monotonic()
+
+    def trim(self, res: Resident, n: int) -> None:
+        """Keeps the first ``n`` tokens (a batch end, or 0) of what ``res`` holds."""
+        if n and n not in res.bounds:
+            raise EngineError(f"cannot keep {n} tokens: not the end of a batch")
+        if n < len(res.tokens):
+            self.ctx.seq_rm(res.seq, n, -1)
+        del res.tokens[n:]
+        res.bounds = [b for b in res.bounds if b <= n]
 
     def evict(self, res: Resident) -> None:
         if res.tokens:
             self.ctx.seq_rm(res.seq)
-            res.tokens = []
-        res.session = None
+            self.evictions += 1
+        res.tokens, res.bounds, res.session = [], [], None
 
-    # decode ------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], seq: int, pos0: int, want_logits: bool = True) -> None:
-        """Decodes, evicting idle resident conversations while the KV cells run out."""
-        while True:
-            if self.ctx.decode(list(tokens), seq, pos0, want_logits) == 0:
-                return
-            victims = [r for r in self.residents if not r.busy and r.tokens and r.seq != seq]
-            if not victims:
-                raise EngineError("the context is full: no idle conversation left to evict")
-            self.evict(min(victims, key=lambda r: r.last_used))
+    # computing ------------------------------------------------------------------------
+    def prefill(self, res: Resident, tokens: Sequence[int], want_logits: bool) -> None:
+        """Computes ``tokens`` as one batch after what ``res`` holds."""
+        n = len(res.tokens)
+        if self.ctx.decode(list(tokens), res.seq, n, want_logits) != 0:
+            raise EngineError("the conversation's KV stream is full")
+        res.copy_pending = False
+        res.tokens.extend(tokens)
+        res.bounds.append(len(res.tokens))
+
+    def step(self, res: Resident, token: int) -> None:
+        """Decodes one generated token (a batch of its own)."""
+        self.prefill(res, (token,), want_logits=True)
 
     def sampler(self, sampling: Sampling) -> Sampler:
         return Sampler(sampling)
 
     # chunk copies ---------------------------------------------------------------------
-    def capture(self, seq: int, c0: int, c1: int, out: np.ndarray) -> int:
-        """Copies the KV of positions [c0, c1) of ``seq`` into ``out``; returns bytes."""
-        self.ctx.seq_cp(seq, self.scratch, c0, c1)
-        try:
-            size = self.ctx.state_size(self.scratch)
-            if size > out.nbytes:
-                raise EngineError(f"chunk of {size} bytes does not fit {out.nbytes}")
-            return self.ctx.state_get_into(self.scratch, out)
-        finally:
-            self.ctx.seq_rm(self.scratch)
+    def snapshot(self, seq: int) -> list[Any]:
+        """Reads ``seq``'s whole KV state once and parses it; returns [layout, *views]
+        (views are slices of a buffer reused by the next snapshot or restore)."""
+        size = self.ctx.state_size(seq)
+        if self._blob.nbytes < size:
+            self._blob = np.empty(size, dtype=np.uint8)
+        n = self.ctx.state_get_into(seq, self._blob)
+        layout, views = _kvblob.parse(self._blob[:n], self.model.n_layer, self._n_caches())
+        return [layout, *views]
 
-    def restore(self, blob: np.ndarray | bytes, dest: int, p0: int, p1: int) -> bool:
-        """Loads one chunk blob and gives ``dest`` its cells with positions [p0, p1).
-        False (and nothing changed in ``dest``) when llama.cpp refuses the blob."""
-        if not self.ctx.state_set(self.scratch, blob):
+    def _n_caches(self) -> int:
+        return 2 if self.model.n_swa > 0 else 1
+
+    def cut(self, snapshot: list[Any], c0: int, c1: int, out: np.ndarray) -> int:
+        """Writes the chunk of positions [c0, c1) of a snapshot into ``out``."""
+        return _kvblob.cut(snapshot[1:], self.layout, c0, c1, out)
+
+    def restore(
+        self, res: Resident, chunks: Sequence[np.ndarray], ids: Sequence[int], bounds: list[int]
+    ) -> bool:
+        """Replaces what ``res`` holds with ``chunks`` (the KV of ``ids[:bounds[-1]]``,
+        one chunk per batch). False, and ``res`` empty, when llama.cpp refuses the
+        blob or the positions do not line up."""
+        n = bounds[-1]
+        if res.copy_pending:
             return False
-        self.ctx.seq_cp(self.scratch, dest, p0, p1)
-        self.ctx.seq_rm(self.scratch)
+        size = _kvblob.assembled_bytes(self.layout, n)
+        if self._blob.nbytes < size:
+            self._blob = np.empty(size, dtype=np.uint8)
+        try:
+            size = _kvblob.assemble(chunks, self.layout, self._blob)
+        except EngineError as exc:
+            log.warning("cannot assemble the cached prefix: %s", exc)
+            self.evict(res)
+            return False
+        ok = self.ctx.state_set(res.seq, self._blob[:size])
+        if not ok or self.ctx.seq_pos_max(res.seq) != n - 1:
+            self.ctx.seq_rm(res.seq)
+            res.tokens, res.bounds = [], []
+            return False
+        res.tokens, res.bounds = list(ids[:n]), list(bounds)
         return True
 
     # calibration target ------------------------------------------------------------------
@@ -222,7 +347,7 @@ class Engine:
             * 8
         )[:n_tokens]
         t0 = time.perf_counter()
-        self.decode(ids, self.scratch, 0)
+        self.ctx.decode(ids, self.scratch, 0)
         elapsed = time.perf_counter() - t0
         self.ctx.seq_rm(self.scratch)
         return elapsed
@@ -232,7 +357,7 @@ class Engine:
             self.model.tokenize("Calibration text for a KV state copy. " * 64, add_special=False)
             * 8
         )[:n_tokens]
-        self.decode(ids, self.scratch, 0, want_logits=False)
+        self.ctx.decode(ids, self.scratch, 0, want_logits=False)
         out = np.empty(self.ctx.state_size(self.scratch), dtype=np.uint8)
         t0 = time.perf_counter()
         n = self.ctx.state_get_into(self.scratch, out)

@@ -1,4 +1,4 @@
-"""The only module that calls llama.cpp: one model, one context with a unified KV cache.
+"""The only module that calls llama.cpp: one model, one context with one KV stream per sequence.
 
 Every call here runs on the runtime's worker thread; nothing in this module is
 thread-safe on its own. llama.cpp's return codes become EngineError here.
@@ -135,18 +135,22 @@ class LlamaModel:
 
 @dataclass(frozen=True)
 class ContextConfig:
-    n_ctx: int  # total KV cells, shared by all sequences (unified cache)
+    n_ctx: int  # KV cells of every stream together: n_seq_max streams of n_ctx / n_seq_max
     n_seq_max: int
     n_batch: int = 512
     n_threads: int = 0  # prefill threads; 0: all cores
-    decode_threads: int = 1
+    decode_threads: int = 0  # one-token decode threads; 0: all cores
     flash_attn: str = "auto"
     type_kv: str = "f16"
     swa_full: bool = False
 
 
 class LlamaContext:
-    """One llama.cpp context with a unified KV cache and several sequences."""
+    """One llama.cpp context with one KV stream per sequence (``kv_unified=false``).
+
+    Each sequence's cells start at the beginning of its own stream in token order and
+    its attention covers only them, so what one conversation computes never depends on
+    what the others hold (see DESIGN.md, "Numerics")."""
 
     def __init__(self, model: LlamaModel, config: ContextConfig) -> None:
         self.model = model
@@ -156,16 +160,16 @@ class LlamaContext:
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_batch
         params.n_seq_max = config.n_seq_max
-        # Single-token decodes split attention over the KV cache by thread, so their
-        # rounding depends on the thread count and on how many cells other conversations
-        # occupy; one decode thread keeps a greedy reply the same alone or in company.
-        params.n_threads = config.decode_threads
+        # With a stream per sequence, a decode step attends over its own conversation's
+        # cells only: its rounding no longer depends on the others, so it can use every
+        # core without making replies depend on what else is resident.
+        params.n_threads = config.decode_threads or os.cpu_count() or 1
         params.n_threads_batch = config.n_threads or os.cpu_count() or 1
         params.flash_attn_type = _FLASH[config.flash_attn]
         params.type_k = _GGML_TYPES[config.type_kv]
         params.type_v = _GGML_TYPES[config.type_kv]
         params.swa_full = config.swa_full
-        params.kv_unified = True
+        params.kv_unified = False
         params.no_perf = True
         self.ptr = ll.llama_init_from_model(model.ptr, params)
         if not self.ptr:
@@ -175,13 +179,20 @@ class LlamaContext:
         self._batch = ll.llama_batch_init(config.n_batch, 0, 1)
         self.n_vocab = model.n_vocab
 
+    def set_threads(self, decode: int | None) -> None:
+        """Decode threads from now on (None: as configured); prefill threads unchanged."""
+        n = decode or self.config.decode_threads or os.cpu_count() or 1
+        ll.llama_set_n_threads(self.ptr, n, self.config.n_threads or os.cpu_count() or 1)
+
     # sequences -------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise EngineError(f"could not remove [{p0}, {p1}) from sequence {seq}")
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+    def seq_cp_all(self, src: int, dst: int) -> None:
+        """Copies all of ``src``'s stream into ``dst``'s (llama.cpp aborts on a partial
+        copy between streams; trim the copy with seq_rm afterwards)."""
+        ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
     def seq_pos_max(self, seq: int) -> int:
         return int(ll.llama_memory_seq_pos_max(self.mem, seq))

@@ -1,9 +1,10 @@
 """The hardware probe and the calibration: what this machine is and how fast it runs the model.
 
-``probe(cache_dir)`` describes the machine through small sources (NVML or
-torch for GPUs, sysfs for PCIe and the cache disk, psutil for RAM, /proc for
-the CPU); tests pass recorded sources instead. ``load_or_calibrate`` measures
-the loaded model once per (machine, model) and caches the result.
+``probe(cache_dir)`` describes the machine through small sources (NVML,
+torch or Apple silicon for GPUs, sysfs for PCIe and the cache disk, psutil for
+RAM, /proc for the CPU; on Windows and macOS the Linux-only ones report
+less); tests pass recorded sources instead. ``load_or_calibrate`` measures the
+loaded model once per (machine, model) and caches the result.
 """
 
 from ._calibrate import (
@@ -14,6 +15,7 @@ from ._calibrate import (
     load_or_calibrate,
 )
 from ._gpu import (
+    AppleGpuSource,
     FirstGpuSource,
     GpuSource,
     NoGpuSource,
@@ -52,6 +54,7 @@ from ._recorded import (
 from ._sysfs import DiskSource, PcieSource, SysfsDiskSource, SysfsPcieSource
 
 __all__ = [
+    "AppleGpuSource",
     "Backend",
     "BackendSource",
     "Calibration",

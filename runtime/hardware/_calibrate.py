@@ -27,7 +27,7 @@ from ._profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 
-# 2: the KV geometry (kv_overhead_bytes) is kept too, so a start needs no probe decode.
+# 2: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode.
 FORMAT_VERSION = 2
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
@@ -45,15 +45,14 @@ class CalibrationTarget(Protocol):
     the scratch sequence with ``n`` tokens, then returns the real KV blob
     (``llama_state_seq_get_data``), the seconds the get took and the seconds
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
-    ``kv_bytes_per_token`` and ``kv_overhead_bytes`` (the KV geometry: a blob of
-    ``n`` tokens is ``overhead + n * per_token`` bytes) are read after the timings,
-    so a target may measure them on the context it made for them (``None``: not
-    known).
+    ``kv_bytes_per_token`` and ``kv_layout`` (the per-cell layout of each KV cache
+    as plain JSON-able data, ``None`` when not known) are read after the timings, so
+    a target may measure them on the context it made for them.
     """
 
     fingerprint: str
     kv_bytes_per_token: int
-    kv_overhead_bytes: int | None
+    kv_layout: tuple[dict[str, Any], ...] | None
 
     def time_prefill(self, n_tokens: int) -> float: ...
 
@@ -86,16 +85,10 @@ class Calibration:
     d2h_pageable_gbps: float | None = None
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
-    # with kv_bytes_per_token, the KV geometry measured on a real context: a start
-    # that finds it here needs no probe decode (None: not measured)
-    kv_overhead_bytes: int | None = None
-
-    @property
-    def kv_geometry(self) -> tuple[int, int] | None:
-        """``(bytes per token, bytes per blob)`` when measured, for EngineConfig."""
-        if self.kv_overhead_bytes is None:
-            return None
-        return self.kv_bytes_per_token, self.kv_overhead_bytes
+    # the per-cell layout of each KV cache (engine._kvblob.CacheLayout's fields),
+    # measured on a real context: a start that finds it here decodes no probe
+    # (None: not measured, or a model whose state cannot be cut into chunks)
+    kv_layout: tuple[dict[str, Any], ...] | None = None
 
     @property
     def prefill_tps(self) -> float:
@@ -131,6 +124,8 @@ class Calibration:
         """Inverse of :meth:`to_dict`; raises KeyError/TypeError on a malformed dict."""
         fields = {k: v for k, v in data.items() if k != "prefill_tps"}
         fields["zstd"] = tuple(ZstdPoint(**p) for p in fields.get("zstd", ()))
+        if fields.get("kv_layout") is not None:
+            fields["kv_layout"] = tuple(dict(c) for c in fields["kv_layout"])
         return cls(**fields)
 
 
@@ -200,7 +195,7 @@ def calibrate(
         machine_id=profile.machine_id(),
         fingerprint=target.fingerprint,
         kv_bytes_per_token=target.kv_bytes_per_token,
-        kv_overhead_bytes=target.kv_overhead_bytes,
+        kv_layout=target.kv_layout,
         prefill_short_tokens=short,
         prefill_short_s=short_s,
         prefill_long_tokens=long,

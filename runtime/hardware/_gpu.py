@@ -1,4 +1,4 @@
-"""GPU sources: NVML first, torch.cuda second, none as the normal fallback.
+"""GPU sources: NVML first, torch.cuda second, Apple silicon's Metal GPU, none as the fallback.
 
 Both optional libraries are imported inside the source, so a machine without
 them (or without a driver) simply reports no GPU.
@@ -7,8 +7,12 @@ them (or without a driver) simply reports no GPU.
 from __future__ import annotations
 
 import logging
+import platform
 from typing import Any, Protocol
 
+import psutil
+
+from ._host import sysctl_string
 from ._profile import GpuInfo, PcieLink
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,28 @@ class TorchGpuSource:
             name = torch.cuda.get_device_properties(i).name
             found.append(GpuInfo(str(name), int(total), int(free), None, "torch"))
         return tuple(found)
+
+
+class AppleGpuSource:
+    """The GPU of an Apple-silicon Mac, which Metal runs on in the host's own RAM.
+
+    Its memory is the host's (``unified=True``), so the policy counts the model
+    and KV once, in host RAM, and sizes no pinned pool for a PCIe link that is
+    not there. Answers ``()`` on any other system.
+    """
+
+    name = "metal"
+
+    def __init__(self, system: str | None = None, machine: str | None = None) -> None:
+        self._system = system if system is not None else platform.system()
+        self._machine = machine if machine is not None else platform.machine()
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        if self._system != "Darwin" or self._machine != "arm64":
+            return ()
+        vm = psutil.virtual_memory()
+        name = sysctl_string("machdep.cpu.brand_string") or "Apple silicon GPU"
+        return (GpuInfo(name, int(vm.total), int(vm.available), None, "metal", True),)
 
 
 class FirstGpuSource:

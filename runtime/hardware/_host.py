@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Protocol
 
@@ -74,13 +75,24 @@ class ProcCpuSource:
     def cpu(self) -> CpuInfo:
         try:
             model, flags = parse_cpuinfo(self._cpuinfo.read_text(errors="replace"))
-        except OSError:  # not Linux: fall back to what the platform module knows
-            model, flags = "", ()
+        except OSError:  # not Linux: fall back to sysctl (macOS) or the platform module
+            model, flags = sysctl_string("machdep.cpu.brand_string"), ()
         logical = os.cpu_count() or 1
         physical = psutil.cpu_count(logical=False) or logical
         return CpuInfo(
             model or platform.processor() or platform.machine(), logical, physical, flags
         )
+
+
+def sysctl_string(name: str) -> str:
+    """A sysctl value (macOS, BSD); "" where there is no sysctl or no such name."""
+    try:
+        proc = subprocess.run(
+            ["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout.strip()
 
 
 class LlamaBackendSource:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from ._gpu import FirstGpuSource, GpuSource, NvmlGpuSource, TorchGpuSource
+from ._gpu import AppleGpuSource, FirstGpuSource, GpuSource, NvmlGpuSource, TorchGpuSource
 from ._host import (
     BackendSource,
     CpuSource,
@@ -41,9 +41,10 @@ class Sources:
 
 
 def default_sources(sys_root: Path = Path("/sys")) -> Sources:
-    """The real machine: NVML, then torch, for GPUs; sysfs, psutil and /proc for the rest."""
+    """The real machine: NVML, torch, then Apple silicon for GPUs; sysfs, psutil and /proc
+    for the rest (each degrades to "unknown" where the OS has no such file)."""
     return Sources(
-        gpu=FirstGpuSource(NvmlGpuSource(), TorchGpuSource()),
+        gpu=FirstGpuSource(NvmlGpuSource(), TorchGpuSource(), AppleGpuSource()),
         pcie=SysfsPcieSource(sys_root),
         memory=PsutilMemorySource(),
         disk=SysfsDiskSource(sys_root),

@@ -45,7 +45,9 @@ class GpuInfo:
     vram_total: int
     vram_free: int
     pcie: PcieLink | None = None
-    source: str = ""  # "nvml" or "torch": which source answered
+    source: str = ""  # "nvml", "torch" or "metal": which source answered
+    # Apple silicon: the GPU shares host RAM (vram_* are the host's); no PCIe link
+    unified: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,12 @@ class HardwareProfile:
     @property
     def offloads(self) -> bool:
         """True when the model and its KV sit in discrete GPU memory."""
-        return self.gpu is not None and self.backend in ("cuda", "vulkan")
+        return self.gpu is not None and not self.gpu.unified and self.backend in ("cuda", "vulkan")
+
+    @property
+    def unified_memory(self) -> bool:
+        """True on Apple silicon with Metal: the GPU computes on host RAM, no link to cross."""
+        return self.gpu is not None and self.gpu.unified and self.backend == "metal"
 
     def machine_id(self) -> str:
         """A hash of the parts that do not change between runs of one machine.

@@ -1,8 +1,9 @@
 """PCIe links and the cache disk, read from Linux sysfs.
 
 Both sources take the sysfs root as an argument so tests can hand them a
-recorded tree. On other systems (or in containers without /sys) they report
-nothing rather than fail: the policy then falls back to cautious estimates.
+recorded tree. On other systems (Windows, macOS, containers without /sys) they
+report nothing (for the disk: its free space only) rather than fail: the policy
+then falls back to cautious estimates.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ class SysfsDiskSource:
     def disk(self, path: Path) -> DiskInfo:
         where = _existing_parent(path)
         usage = shutil.disk_usage(where)
+        if not hasattr(os, "major") or not (self._sys / "dev" / "block").is_dir():
+            # Windows has no device numbers, macOS no sysfs: free space is still known
+            return DiskInfo(str(path), usage.total, usage.free)
         st_dev = os.stat(where).st_dev
         device, kind = self._classify(os.major(st_dev), os.minor(st_dev))
         return DiskInfo(str(path), usage.total, usage.free, kind, device)

@@ -30,7 +30,7 @@ import zstandard
 from ..errors import CacheError
 
 MAGIC = b"WSKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chunks are cut from a stream-per-sequence state (engine/_kvblob.py)
 _HEADER = struct.Struct("<4sHBB32s16sQQ")
 HEADER_BYTES = _HEADER.size
 CODEC_RAW, CODEC_ZSTD = 0, 1

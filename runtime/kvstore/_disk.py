@@ -27,6 +27,7 @@ import diskcache
 import numpy as np
 
 from .. import _sqlite
+from .._private import private_dir, private_file
 from ..errors import CacheError, DiskFull
 from . import _codec
 
@@ -88,8 +89,8 @@ class DiskTier:
     """Chunk records under one cache directory, for one model fingerprint."""
 
     def __init__(self, directory: Path, fingerprint: str, level: int, budget_bytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        directory.chmod(0o700)
+        # a symlink or another user's directory is refused, never followed and re-moded
+        private_dir(directory, "cache_dir")
         self.directory = directory
         self.level = level
         self._fp = _codec.fingerprint_digest(fingerprint)
@@ -107,6 +108,8 @@ class DiskTier:
         except (OSError, sqlite3.DatabaseError) as exc:
             raise CacheError(f"cannot open the disk cache in {directory}: {exc}") from exc
         (directory / "blobs").chmod(0o700)
+        for suffix in ("", "-wal", "-shm"):  # diskcache's own index, created by it
+            private_file(directory / "blobs" / f"cache.db{suffix}")
 
     def rows(self) -> Iterator[IndexRow]:
         """Every indexed chunk of this fingerprint (no blob is read)."""
@@ -187,6 +190,23 @@ class DiskTier:
 
     def volume(self) -> int:
         return int(self._blobs.volume())
+
+    def present(self) -> set[bytes]:
+        """Keys whose blob really exists now: diskcache's LRU culls blobs to stay in
+        budget without telling the index, so the index alone overstates the tier."""
+        return {bytes.fromhex(k) for k in self._blobs.iterkeys() if isinstance(k, str)}
+
+    def bytes_on_disk(self) -> int:
+        """Bytes the cache directory really occupies (allocated blocks of every file)."""
+        total = 0
+        for root, _dirs, files in os.walk(self.directory):
+            for name in files:
+                try:
+                    info = os.lstat(os.path.join(root, name))
+                except FileNotFoundError:  # culled while we walked
+                    continue
+                total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+        return total
 
     def clear(self) -> None:
         self._blobs.clear(retry=True)

@@ -25,25 +25,34 @@ def chunk_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(parent + array("i", tokens).tobytes(), digest_size=KEY_BYTES).digest()
 
 
-def cut_points(n_tokens: int, chunk_tokens: int, anchor: int = 0) -> list[int]:
-    """Chunk boundaries for a prefix of ``n_tokens`` (always ending with ``n_tokens``).
+def batch_cuts(n_tokens: int, chunk_tokens: int, anchor: int = 0, tail: int = 2) -> list[int]:
+    """The ends of the batches a prompt of ``n_tokens`` is prefilled in, cold or not.
 
-    A boundary falls exactly at ``anchor`` (the end of the system prompt), so every
-    conversation that shares a system prompt shares all of its chunks instead of each
-    storing one that straddles its end. Before the anchor, ``[0, anchor)`` is split
-    into equal parts of at most ``chunk_tokens`` (no sliver of a chunk at its end);
-    after it, a boundary every ``chunk_tokens``.
+    A token's KV depends on the batch it was computed in (DESIGN.md, "Numerics"), so
+    every prefill of a prompt uses these same batches, wherever its cached prefix
+    ends: one every ``chunk_tokens`` from position 0, one ending at ``anchor`` (the
+    end of the system prompt, so chats sharing it share its chunks), one ending
+    ``tail`` tokens before the end, and the last ``tail`` tokens together. Each batch
+    but the last is a chunk the store can keep; a prefix is restored only up to the
+    end of one of them.
     """
     if n_tokens <= 0:
         return []
-    anchor = anchor if 0 < anchor <= n_tokens else 0
-    cuts: list[int] = []
-    if anchor:
-        parts = -(-anchor // chunk_tokens)
-        cuts.extend(anchor * i // parts for i in range(1, parts + 1))
-    cuts.extend(range(anchor + chunk_tokens, n_tokens, chunk_tokens))
-    cuts.append(n_tokens)
-    return sorted(set(cuts))
+    stop = max(n_tokens - tail, 0)
+    cuts = set(range(chunk_tokens, stop, chunk_tokens))
+    if 0 < anchor < stop:
+        cuts.add(anchor)
+    cuts.update(c for c in (stop, n_tokens) if c > 0)
+    return sorted(cuts)
+
+
+def aligned_cuts(start: int, end: int, chunk_tokens: int, anchor: int = 0) -> list[int]:
+    """The batch ends in (start, end] that every longer prompt shares: multiples of
+    ``chunk_tokens`` and the anchor. What a finished reply is re-prefilled along."""
+    cuts = {c for c in range(chunk_tokens * (start // chunk_tokens + 1), end + 1, chunk_tokens)}
+    if start < anchor <= end:
+        cuts.add(anchor)
+    return sorted(cuts)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

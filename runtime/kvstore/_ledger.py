@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._keys import common_prefix
+from ._keys import chunk_key
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Record:
 
 @dataclass(frozen=True)
 class Hit:
-    """``use`` tokens of ``record`` (all of them, or a prefix when the prompt diverges inside)."""
+    """``use`` tokens of ``record`` (always all of them: chunks are used whole)."""
 
     record: Record
     use: int
@@ -94,25 +94,20 @@ class Ledger:
     def children(self, parent: bytes) -> list[Record]:
         return [self.records[k] for k in self._children.get(parent, ())]
 
-    def lookup(self, root: bytes, ids: Sequence[int]) -> list[Hit]:
-        """The longest cached prefix of ``ids``: whole chunks, possibly ending with a
-        partial one (a prompt that diverges inside a chunk still uses its prefix)."""
+    def lookup(self, root: bytes, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
+        """The longest cached prefix of ``ids`` made of whole chunks, one per batch of
+        ``cuts`` (the batch ends a prefill of ``ids`` uses): a chunk computed in any
+        other batch would restore different bits than a cold prefill computes."""
         hits: list[Hit] = []
         parent, pos = root, 0
-        while pos < len(ids):
-            best, best_use = None, 0
-            for record in self.children(parent):
-                if record.doomed or record.tokens[0] != ids[pos] or record.start != pos:
-                    continue
-                use = common_prefix(record.tokens, ids[pos : pos + len(record.tokens)])
-                if use > best_use:
-                    best, best_use = record, use
-            if best is None:
+        for end in cuts:
+            if end > len(ids):
                 break
-            hits.append(Hit(best, best_use))
-            if best_use < len(best.tokens):
+            record = self.records.get(chunk_key(parent, ids[pos:end]))
+            if record is None or record.doomed or record.start != pos:
                 break
-            parent, pos = best.key, pos + best_use
+            hits.append(Hit(record, end - pos))
+            parent, pos = record.key, end
         return hits
 
     def chain(self, key: bytes) -> list[Record]:
@@ -138,17 +133,6 @@ class Ledger:
     def unpin(self, records: Iterable[Record]) -> None:
         for record in records:
             record.pins = max(0, record.pins - 1)
-
-    def superseded(self, record: Record) -> list[Record]:
-        """Siblings whose tokens are a strict prefix of ``record``'s: old tails that the
-        new, longer chunk now covers (lookup uses a prefix of it just as well)."""
-        out = []
-        for sibling in self.children(record.parent):
-            if sibling.key == record.key or len(sibling.tokens) >= len(record.tokens):
-                continue
-            if record.tokens[: len(sibling.tokens)] == sibling.tokens:
-                out.append(sibling)
-        return out
 
     def demotion_order(self, min_residency_s: float) -> list[Record]:
         """RAM-resident records that may leave RAM, coldest first.

@@ -79,9 +79,10 @@ class TieredStore:
         self._writer.start()
 
     # lookup and reads ---------------------------------------------------------
-    def lookup(self, ids: Sequence[int]) -> list[Hit]:
+    def lookup(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
+        """prepare_load: the cached chunks of ``ids`` along ``cuts``, pinned."""
         with self._lock:
-            hits = self.ledger.lookup(self.root, ids)
+            hits = self.ledger.lookup(self.root, ids, cuts)
             out = []
             for hit in hits:
                 if hit.record.tier is None:
@@ -199,8 +200,6 @@ class TieredStore:
                 record.slot = reservation.slot
                 record.promoted_at = self.ledger.clock()
             self.ledger.add(record)
-            for old in self.ledger.superseded(record):
-                self._forget(old)
             if self.disk is not None and not self.disk_degraded:
                 record.pins += 1  # the write holds it until flushed
                 payload = (
@@ -324,7 +323,11 @@ class TieredStore:
         self._writes.join()
 
     def stats(self) -> dict[str, Any]:
+        """Counts from what is really there: the disk figures come from the blobs on
+        disk (after diskcache's evictions), not from what was once written."""
+        present = self.disk.present() if self.disk is not None else set()
         with self._lock:
+            self._forget_culled(present)
             records = list(self.ledger.records.values())
             ram = [r for r in records if r.slot is not None]
             out: dict[str, Any] = {
@@ -341,13 +344,21 @@ class TieredStore:
                     "chunks": sum(1 for r in records if r.on_disk),
                     "tokens": sum(len(r.tokens) for r in records if r.on_disk),
                     "kv_bytes": sum(r.nbytes for r in records if r.on_disk),
-                    "used_bytes": self.disk.volume() if self.disk else 0,
+                    "used_bytes": self.disk.bytes_on_disk() if self.disk else 0,
                     "degraded": self.disk_degraded,
                 },
                 "pending_writes": self._writes.qsize(),
             }
             out.update(self.counters)
             return out
+
+    def _forget_culled(self, present: set[bytes]) -> None:
+        """Records whose blob diskcache evicted are no longer on disk (lock held)."""
+        for record in list(self.ledger.records.values()):
+            if record.on_disk and record.key not in present and not record.pins:
+                record.on_disk = False
+                if record.slot is None:
+                    self.ledger.remove(record.key)
 
     def clear(self) -> None:
         self.flush()

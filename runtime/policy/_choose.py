@@ -31,6 +31,7 @@ CPU_LIVE_KV_BYTES = 512 * MiB  # the live context on a CPU; the RAM pool holds t
 POOL_SHARE = 0.5  # of host RAM left after the OS, the model and the context
 LOOKUP_MS = 0.2  # hashing the prompt's chunks and the index lookups a restore adds
 CHUNK_COST_FACTOR = 4  # a chunk's transfer lasts 4x the fixed cost: overhead <= 20%
+REDO_BUDGET_S = 0.25  # prefill of half a chunk, redone when a prompt diverges inside it
 MAX_PREWARM = 16  # recent chats worth warming; older ones come back from disk on demand
 PREWARM_SECONDS = 10.0  # prewarm runs in the background; this bounds its disk reads
 
@@ -61,9 +62,10 @@ class _Picks:
 class _Memory:
     """Where the KV lives and how much room each side has, in bytes."""
 
-    gpu_share: float  # fraction of the layers (weights and KV) on the GPU
+    gpu_share: float  # fraction of the layers (weights and KV) in discrete GPU memory
     vram_for_kv: int
     host_free: int  # host RAM left after the OS reserve and the host part of the model
+    unified: bool = False  # Apple silicon: the GPU works in host RAM (gpu_share stays 0)
 
 
 def host_reserve(total: int) -> int:
@@ -93,7 +95,7 @@ def _memory(profile: HardwareProfile, geometry: ModelGeometry, settings: Setting
     mem = profile.memory
     model_host = int((1 - share) * geometry.model_bytes)
     host_free = mem.available - host_reserve(mem.total) - model_host
-    return _Memory(share, max(vram_kv, 0), max(host_free, 0))
+    return _Memory(share, max(vram_kv, 0), max(host_free, 0), profile.unified_memory)
 
 
 def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
@@ -109,9 +111,11 @@ def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
     if mem.gpu_share == 0:
         # On a CPU the RAM pool restores a prefix in milliseconds, while every cell of
         # the live context is allocated and cleared at start (1.7 GB and 2.5 s for 8 x
-        # 8192 cells of the default model on the development machine).
+        # 8192 cells of the default model on the development machine). Metal on Apple
+        # silicon keeps its KV in the same host RAM, so the same holds there.
         tokens = int(CPU_LIVE_KV_BYTES / kvb)
-        limits.append((tokens, f"CPU inference: live KV capped at {_gib(CPU_LIVE_KV_BYTES)}"))
+        where = "unified memory (Metal)" if mem.unified else "CPU inference"
+        limits.append((tokens, f"{where}: live KV capped at {_gib(CPU_LIVE_KV_BYTES)}"))
     return min(limits)
 
 
@@ -120,11 +124,12 @@ def _round_ctx(tokens: float) -> int:
 
 
 def _fit_ctx(capacity: int, resident: int | None, longest: int) -> int:
-    """The longest context (multiple of 256) that fits ``resident`` chats plus scratch."""
+    """The longest context (multiple of 256) that fits ``resident`` chats (each has a
+    KV stream of its own)."""
     if resident is not None:
-        return min(longest, _round_ctx(capacity / (resident + 1)))
+        return min(longest, _round_ctx(capacity / resident))
     n_ctx = longest
-    while n_ctx > MIN_WANTED_CTX and capacity < 3 * n_ctx:  # two chats and scratch
+    while n_ctx > MIN_WANTED_CTX and capacity < 2 * n_ctx:  # two chats
         n_ctx //= 2
     return min(n_ctx, _round_ctx(capacity / 2))
 
@@ -136,14 +141,14 @@ def _choose_context(p: _Picks, capacity: int, limit: str, geometry: ModelGeometr
         f"longest context (<= {longest}, the model's {geometry.n_ctx_train} capped) "
         f"that fits {capacity} KV tokens ({limit})"
     )
-    if capacity < 512:  # not even the smallest context plus scratch: say so, loudly
+    if capacity < 512:  # not even two of the smallest contexts: say so, loudly
         why = f"the smallest context: {limit} leaves room for only {capacity} KV tokens"
     n_ctx = p.pick("n_ctx", lambda: (_fit_ctx(capacity, user_resident, longest), why))
 
     def resident() -> tuple[int, str]:
-        fits = capacity // n_ctx - 1  # one sequence is scratch
+        fits = capacity // n_ctx
         value = min(MAX_RESIDENT, max(1, fits))
-        why = f"{capacity} KV tokens hold {max(fits, 0)} chats of {n_ctx} plus scratch"
+        why = f"{capacity} KV tokens hold {max(fits, 0)} chats of {n_ctx}"
         return value, why + (f"; capped at {MAX_RESIDENT}" if fits > MAX_RESIDENT else "")
 
     p.pick("resident_sequences", resident)
@@ -157,16 +162,21 @@ def _chunk(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
     # the fixed cost more often, larger ones would waste pool slots on short chats.
     target = min(max(wanted, 2 * MiB), 16 * MiB)
     tokens = 2 ** round(math.log2(max(target / kvb, 1)))
-    tokens = max(16, min(tokens, 1024, max(n_ctx // 8, 16)))
+    # A chunk is also a prefill batch, and a prompt that diverges inside one is
+    # re-prefilled from its start: keep that (half a chunk on average) short.
+    redo = 2 ** math.floor(math.log2(max(2 * REDO_BUDGET_S * rates.prefill_tps, 16)))
+    tokens = max(16, min(tokens, redo, 1024, max(n_ctx // 8, 16)))
     return tokens, (
-        f"{tokens} tokens = {tokens * kvb / MiB:.1f} MiB a transfer, about "
-        f"{target / MiB:.0f} MiB wanted so the {fixed_ms:.2f} ms fixed cost stays small"
+        f"{tokens} tokens = {tokens * kvb / MiB:.1f} MiB a transfer (about "
+        f"{target / MiB:.0f} MiB wanted so the {fixed_ms:.2f} ms fixed cost stays small), "
+        f"and half a chunk re-prefilled after a divergence takes at most "
+        f"{REDO_BUDGET_S * 1000:.0f} ms at {rates.prefill_tps:.0f} tokens/s"
     )
 
 
 def _pool(p: _Picks, mem: _Memory, profile: HardwareProfile, kvb: int) -> tuple[int, str]:
     v = p.values
-    host_kv = int((v["resident_sequences"] + 1) * v["n_ctx"] * kvb * (1 - mem.gpu_share))
+    host_kv = int(v["resident_sequences"] * v["n_ctx"] * kvb * (1 - mem.gpu_share))
     free = max(mem.host_free - host_kv, 0)
     pool = int(POOL_SHARE * free)
     why = f"half of {_gib(free)} host RAM left after the OS, the model and the context"
@@ -174,6 +184,8 @@ def _pool(p: _Picks, mem: _Memory, profile: HardwareProfile, kvb: int) -> tuple[
         cap = profile.memory.total // 2
         if pool > cap:  # page-locked memory cannot be swapped or reclaimed by the kernel
             pool, why = cap, f"capped at half of RAM ({_gib(cap)}): the pool is pinned"
+    elif profile.unified_memory:  # the GPU reads this RAM in place: nothing to pin or cross
+        why += "; unified memory: plain RAM, no PCIe link"
     slot = v["chunk_tokens"] * kvb
     pool = pool // slot * slot
     return pool, f"{_gib(pool)}: {why}"

@@ -26,6 +26,7 @@ _DEFAULT_LINK_GBPS = 7.9  # PCIe 3.0 x8: the least a discrete GPU is likely to g
 _GPU_TFLOPS = (("H200", 300.0), ("H100", 250.0), ("A100", 100.0), ("L40", 60.0),
                ("4090", 55.0), ("3090", 25.0), ("A10", 20.0))  # fmt: skip
 _DEFAULT_GPU_TFLOPS = 10.0
+_APPLE_GPU_TFLOPS = 4.0  # an M1/M2-class GPU at typical prefill efficiency; Max/Ultra do more
 _CPU_CORE_GFLOPS = (("avx512f", 30.0), ("avx2", 15.0), ("neon", 10.0), ("asimd", 10.0))
 _BYTES_PER_PARAM = 0.6  # a Q4 GGUF stores about 4.5 to 5 bits a weight
 _CAPTURE_MARGIN = 2.0  # compression must run at twice the rate prefill produces KV
@@ -127,6 +128,8 @@ def _prefill_guess(profile: HardwareProfile, geometry: ModelGeometry) -> float:
         name = profile.gpu.name
         tflops = next((t for key, t in _GPU_TFLOPS if key in name), _DEFAULT_GPU_TFLOPS)
         return tflops * 1e12 / flops_per_token
+    if profile.unified_memory:
+        return _APPLE_GPU_TFLOPS * 1e12 / flops_per_token
     flags = set(profile.cpu.flags)
     per_core = next((g for flag, g in _CPU_CORE_GFLOPS if flag in flags), 5.0)
     return profile.cpu.physical_cores * per_core * 1e9 / flops_per_token
@@ -140,6 +143,9 @@ def estimate_rates(profile: HardwareProfile, geometry: ModelGeometry) -> Estimat
         link = gpu.pcie.gbps if gpu.pcie is not None and gpu.pcie.gbps > 0 else _DEFAULT_LINK_GBPS
         ram = link * _LINK_EFFICIENCY
         basis = f"estimated from PCIe {link:.1f} GB/s nominal"
+    elif profile.unified_memory:
+        ram = _CPU_GBPS_GUESS  # set_data copies within one RAM: no link to bound it
+        basis = "estimated for unified memory (Metal), no PCIe link"
     else:
         ram = _CPU_GBPS_GUESS
         basis = "estimated for a CPU build"

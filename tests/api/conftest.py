@@ -82,19 +82,24 @@ def run_server(
     fake_args: tuple[str, ...] = (),
     start_timeout_s: float = START_TIMEOUT_S,
     log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[Server]:
     """Starts a server on a free loopback port, waits for /health, stops it after.
-    Its output goes to ``server.log`` in ``log_dir`` (default: a temporary one)."""
+    Its output goes to ``server.log`` in ``log_dir`` (default: a temporary one);
+    ``env`` adds environment variables (settings as ``WARMSTART_<NAME>``)."""
     port = free_port()
     argv = [*cmd, "--port", str(port), *args]
     if "--fake" in cmd:
         argv += fake_args
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     with contextlib.ExitStack() as stack:
         where = log_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         log_path = where / "server.log"
         log_file = stack.enter_context(log_path.open("wb"))
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file, preexec_fn=preexec_fn
+        )
         server = Server(f"http://127.0.0.1:{port}", process, log_path)
         try:
             _wait_healthy(server, start_timeout_s)
@@ -110,8 +115,10 @@ def run_server(
 
 @pytest.fixture(scope="session")
 def start(server_cmd: list[str]) -> Callable[..., contextlib.AbstractContextManager[Server]]:
-    """``with start("--api-key", "k", fake_args=(...)) as server:`` for custom servers."""
-    return lambda *args, fake_args=(): run_server(server_cmd, *args, fake_args=fake_args)
+    """``with start("--api-key", "k", fake_args=(...), env={...}) as server:``."""
+    return lambda *args, fake_args=(), **kw: run_server(
+        server_cmd, *args, fake_args=fake_args, **kw
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,9 @@ def fake() -> Iterator[FakeRuntime]:
 
 
 def _client(runtime: Runtime, **settings: Any) -> TestClient:
-    return TestClient(create_app(load_settings(**settings), runtime), raise_server_exceptions=False)
+    # base_url: the Host check refuses names other than loopback ones ("testserver")
+    app = create_app(load_settings(**settings), runtime)
+    return TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
 
 
 def test_fake_runtime_satisfies_the_protocol(fake: FakeRuntime) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,3 +64,15 @@ def test_keyed_server_requires_the_key(start: Any) -> None:
 def test_loopback_without_a_key_needs_none(server: Any) -> None:
     response = httpx.get(server.v1 + "/models")  # no Authorization header at all
     assert response.status_code == 200
+
+
+def test_a_key_from_a_file_stays_off_the_command_line(start: Any, tmp_path: Any) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    with start(env={"WARMSTART_API_KEY_FILE": str(key_file)}) as srv:
+        cmdline = (Path("/proc") / str(srv.process.pid) / "cmdline").read_bytes()
+        assert KEY.encode() not in cmdline
+        models = srv.v1 + "/models"
+        assert httpx.get(models).status_code == 401
+        assert httpx.get(models, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200

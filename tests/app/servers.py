@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Small enough to keep a reply quick on two CPU cores, big enough that a
 # conversation's prompt spans a few chunks (restores are per chunk).
 REAL_SETTINGS = [
-    *("--n-ctx", "2048", "--resident-sequences", "2", "--chunk-tokens", "64"),
+    *("--n-ctx", "2048", "--resident-sequences", "2", "--chunk-tokens", "32"),
     *("--ram-pool-bytes", "268435456", "--prewarm-sessions", "0"),
 ]
 

@@ -1,7 +1,9 @@
 """Recorded machines and their calibrations, shared by the hardware, policy and doctor tests.
 
 The four machines of issue 3, as a probe would have seen them before the
-model was loaded, with calibrations of an 8B Q4 model at plausible speeds.
+model was loaded, with calibrations of an 8B Q4 model at plausible speeds;
+and (issue 12) a Windows desktop and an Apple-silicon Mac, as the probe sees
+them there: no /proc (no CPU flags), no sysfs (disk kind unknown, no device).
 """
 
 from __future__ import annotations
@@ -57,7 +59,24 @@ SMALL_GPU = HardwareProfile(
     gpus=(GpuInfo("NVIDIA GeForce RTX 3060 Ti", 8 * GiB, 7 * GiB, PcieLink(3, 3, 8, 16), "nvml"),),
     backend="cuda",
 )
-MACHINES = {"laptop": LAPTOP, "rtx4090": RTX4090, "h100": H100, "small_gpu": SMALL_GPU}
+# Windows: platform.processor() names the CPU; NVML still reports the GPU and its link.
+WINDOWS = HardwareProfile(
+    cpu=CpuInfo("Intel64 Family 6 Model 183 Stepping 1, GenuineIntel", 24, 16),
+    memory=MemoryInfo(total=32 * GiB, available=21 * GiB, swap_total=5 * GiB, swap_free=5 * GiB),
+    disk=DiskInfo(r"C:\Users\u\AppData\Local\warmstart\cache", 1 * TB, 600 * 10**9),
+    gpus=(GpuInfo("NVIDIA GeForce RTX 4070", 12 * GiB, 11 * GiB, PcieLink(1, 4, 16, 16), "nvml"),),
+    backend="cuda",
+)
+# Apple silicon: sysctl names the chip; Metal computes in the host's own (unified) RAM.
+MAC_M2 = HardwareProfile(
+    cpu=CpuInfo("Apple M2 Pro", 12, 12),
+    memory=MemoryInfo(total=32 * GiB, available=19 * GiB, swap_total=0, swap_free=0),
+    disk=DiskInfo("/Users/u/Library/Application Support/warmstart/cache", 1 * TB, 400 * 10**9),
+    gpus=(GpuInfo("Apple M2 Pro", 32 * GiB, 19 * GiB, None, "metal", unified=True),),
+    backend="metal",
+)
+MACHINES = {"laptop": LAPTOP, "rtx4090": RTX4090, "h100": H100, "small_gpu": SMALL_GPU,
+            "windows": WINDOWS, "mac_m2": MAC_M2}  # fmt: skip
 
 _ZSTD_FP16 = (
     ZstdPoint(1, 0.91, 0.5, 0.9),
@@ -104,4 +123,6 @@ _BASES = {
     RTX4090.cpu.model: _cal(RTX4090, 9000.0, 20.0, 25.0, 24.0, (4.0, 6.0), 0.5),
     H100.cpu.model: _cal(H100, 20000.0, 40.0, 30.0, 50.0, (5.0, 7.0), 0.5),
     SMALL_GPU.cpu.model: _cal(SMALL_GPU, 2500.0, 6.0, 15.0, 6.0, (0.45, 0.5), 0.5),
+    WINDOWS.cpu.model: _cal(WINDOWS, 5000.0, 12.0, 20.0, 20.0, (1.5, 2.5), 0.5),
+    MAC_M2.cpu.model: _cal(MAC_M2, 900.0, 25.0, 60.0, None, (3.0, 5.0), 0.1),
 }

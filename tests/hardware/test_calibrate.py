@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ class FakeTarget:
 
     fingerprint: str = "f0" * 32
     kv_bytes_per_token: int = 2048
-    kv_overhead_bytes: int | None = 620
+    kv_layout: tuple[dict[str, Any], ...] | None = (
+        {"meta_bytes": 12, "v_trans": False, "n_layer": 1, "k": [[1, 1024]], "v": [[1, 1024, 1]]},
+    )
     tps: float = 2000.0
     set_gbps: float = 4.0
     calls: list[tuple[str, int]] = field(default_factory=list)
@@ -165,9 +168,9 @@ def test_an_older_format_is_measured_again_quietly(
     with caplog.at_level(logging.WARNING):
         cal, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
     assert not reused and not caplog.records  # an upgrade is no cause for a warning
-    assert cal.kv_geometry == (2048, 620)  # the KV geometry is kept from now on
+    assert cal.kv_layout == FakeTarget().kv_layout  # the KV layout is kept from now on
     again, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
-    assert reused and again.kv_geometry == (2048, 620)
+    assert reused and again.kv_layout == FakeTarget().kv_layout
 
 
 def test_old_entries_are_dropped(tmp_path: Path) -> None:

@@ -2,7 +2,13 @@ import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
-from warmstart.runtime.kvstore._keys import chunk_key, common_prefix, cut_points, root_key
+from warmstart.runtime.kvstore._keys import (
+    aligned_cuts,
+    batch_cuts,
+    chunk_key,
+    common_prefix,
+    root_key,
+)
 
 
 def test_keys_chain_names_the_whole_prefix() -> None:
@@ -14,28 +20,35 @@ def test_keys_chain_names_the_whole_prefix() -> None:
     assert chunk_key(root_key("model-b"), [1, 2, 3]) != k1
 
 
-def test_cuts_every_chunk_without_anchor() -> None:
-    assert cut_points(600, 256) == [256, 512, 600]
-    assert cut_points(512, 256) == [256, 512]
-    assert cut_points(10, 256) == [10]
-    assert cut_points(0, 256) == []
+def test_batches_are_aligned_from_zero_with_the_last_two_tokens_apart() -> None:
+    assert batch_cuts(600, 256) == [256, 512, 598, 600]
+    assert batch_cuts(514, 256) == [256, 512, 514]
+    assert batch_cuts(10, 256) == [8, 10]
+    assert batch_cuts(2, 256) == [2]
+    assert batch_cuts(0, 256) == []
 
 
-def test_cuts_fall_on_the_anchor_without_slivers() -> None:
-    # a 257-token system prompt: two even parts, not 256 + a 1-token sliver
-    assert cut_points(300, 256, anchor=257) == [128, 257, 300]
-    assert cut_points(900, 256, anchor=100) == [100, 356, 612, 868, 900]
+def test_a_system_prompt_ends_a_batch() -> None:
+    assert batch_cuts(300, 128, anchor=100) == [100, 128, 256, 298, 300]
+    assert batch_cuts(300, 128, anchor=299) == [128, 256, 298, 300]  # inside the tail
 
 
-@given(st.integers(1, 5000), st.integers(16, 512), st.integers(0, 5000))
-def test_cuts_are_increasing_bounded_and_end_at_n(n: int, chunk: int, anchor: int) -> None:
-    cuts = cut_points(n, chunk, anchor)
-    assert cuts[-1] == n
-    assert cuts == sorted(set(cuts))
-    edges = [0, *cuts]
-    assert all(0 < b - a <= chunk for a, b in itertools.pairwise(edges))
-    if 0 < anchor <= n:
-        assert anchor in cuts
+@given(st.integers(1, 5000), st.integers(16, 512), st.integers(0, 5000), st.integers(1, 400))
+def test_a_longer_prompt_shares_every_aligned_batch(
+    n: int, chunk: int, anchor: int, more: int
+) -> None:
+    cuts = batch_cuts(n, chunk, anchor)
+    assert cuts[-1] == n and cuts == sorted(set(cuts))
+    assert all(0 < b - a <= chunk for a, b in itertools.pairwise([0, *cuts]))
+    longer = batch_cuts(n + more, chunk, anchor)
+    shared = [c for c in cuts[:-1] if c % chunk == 0 or c == anchor < n - 2]
+    assert set(shared) <= set(longer)
+
+
+def test_a_reply_is_re_prefilled_along_the_aligned_batches() -> None:
+    assert aligned_cuts(256, 700, 256) == [512]
+    assert aligned_cuts(100, 700, 256, anchor=300) == [256, 300, 512]
+    assert aligned_cuts(512, 600, 256) == []
 
 
 def test_common_prefix() -> None:

@@ -15,21 +15,24 @@ def add_chain(ledger: Ledger, token_runs: list[list[int]], slot_base: int = 0) -
     return out
 
 
-def test_lookup_follows_whole_chunks_then_a_partial_one() -> None:
+def test_lookup_follows_whole_chunks_along_the_batches() -> None:
     ledger = Ledger()
     recs = add_chain(ledger, [[1, 2, 3], [4, 5, 6], [7, 8]])
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 6, 8, 9])
     assert [h.record for h in hits] == recs and hits[-1].end == 8
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 9])  # diverges inside the second chunk
-    assert [(h.record, h.use) for h in hits] == [(recs[0], 3), (recs[1], 2)]
-    assert ledger.lookup(ROOT, [9, 9]) == []
+    # diverges inside the second chunk: only whole chunks are used
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 9], [3, 6])
+    assert [(h.record, h.use) for h in hits] == [(recs[0], 3)]
+    assert ledger.lookup(ROOT, [9, 9], [2]) == []
 
 
-def test_lookup_picks_the_longest_sibling() -> None:
+def test_a_chunk_from_other_batches_is_never_used() -> None:
     ledger = Ledger()
     add_chain(ledger, [[1, 2], [3, 4]])
+    # the same tokens, prefilled in batches ending at 3 and 4: no chunk of [0, 3)
+    assert ledger.lookup(ROOT, [1, 2, 3, 4, 5], [3, 4]) == []
     longer = add_chain(ledger, [[1, 2], [3, 4, 5, 6]])[1]
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 0])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 0], [2, 6])
     assert hits[-1].record is longer and hits[-1].end == 6
 
 
@@ -40,14 +43,12 @@ def test_shared_prefix_is_one_set_of_records() -> None:
     assert a[0] is b[0] and len(ledger) == 3
 
 
-def test_superseded_tails_and_chain() -> None:
+def test_chain_needs_every_link() -> None:
     ledger = Ledger()
     head, tail = add_chain(ledger, [[1, 2], [3]])
-    full = ledger.add(Record(chunk_key(head.key, [3, 4]), head.key, 2, (3, 4), 200))
-    assert ledger.superseded(full) == [tail]
-    assert ledger.chain(full.key) == [head, full]
+    assert ledger.chain(tail.key) == [head, tail]
     ledger.remove(head.key)
-    assert ledger.chain(full.key) == []
+    assert ledger.chain(tail.key) == []
 
 
 def test_pinned_records_are_never_removed_nor_demoted() -> None:

@@ -31,14 +31,14 @@ def test_capture_then_read_from_ram_and_from_disk_in_a_new_store(tmp_path: Path)
     store = make(tmp_path)
     a = put(store, store.root, 0, [1, 2], blob(1))
     b = put(store, a.key, 2, [3, 4], blob(2))
-    hits = store.lookup([1, 2, 3, 4, 5])
+    hits = store.lookup([1, 2, 3, 4, 5], [2, 4])
     assert [h.record.tier for h in hits] == ["ram", "ram"]
     assert bytes(store.read(b)) == blob(2)  # type: ignore[arg-type]
     store.release(hits)
     store.flush()
     store.close()
     again = make(tmp_path)
-    hits = again.lookup([1, 2, 3, 4, 5])
+    hits = again.lookup([1, 2, 3, 4, 5], [2, 4])
     assert [h.record.tier for h in hits] == ["disk", "disk"]
     assert bytes(again.read(hits[1].record)) == blob(2)  # type: ignore[arg-type]
     assert hits[1].record.tier == "ram"  # promoted on read
@@ -67,7 +67,7 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
     assert stats["ram"]["chunks"] <= 3 and stats["disk"]["chunks"] == 8
     assert stats["demotions"] >= 5
     # everything is still restorable, from one tier or the other
-    hits = store.lookup([*range(8), 99])
+    hits = store.lookup([*range(8), 99], range(1, 9))
     assert len(hits) == 8
     assert all(store.read(h.record) is not None for h in hits)
     store.release(hits)
@@ -101,10 +101,35 @@ def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
     store.close()
 
 
-def test_superseded_tail_is_dropped(tmp_path: Path) -> None:
+def test_a_tail_stays_beside_the_longer_chunk(tmp_path: Path) -> None:
+    # [0, 2) prefilled as one batch is not a prefix of [0, 4) prefilled as one batch:
+    # the short one is what an identical short prompt restores
     store = make(tmp_path)
     tail = put(store, store.root, 0, [1, 2], blob(1))
     put(store, store.root, 0, [1, 2, 3, 4], blob(2))
     store.flush()
-    assert tail.key not in store
+    assert tail.key in store
+    assert [h.record for h in store.lookup([1, 2, 9], [2])] == [tail]
+    store.close()
+
+
+def test_stats_count_what_is_on_disk_after_evictions(tmp_path: Path) -> None:
+    """diskcache culls blobs to stay in budget; the stats must follow the files."""
+    tier = DiskTier(tmp_path, "fp", 0, 64 << 10)  # room for a few 6 KB chunks only
+    store = TieredStore("fp", RamPool(4 * SLOT, SLOT), tier, min_residency_s=0)  # type: ignore[arg-type]
+    parent = store.root
+    for i in range(40):
+        parent = put(store, parent, 2 * i, [i, i], blob(i)).key
+        store.flush()
+    stats = store.stats()["disk"]
+    files = [p for p in (tmp_path / "blobs").rglob("*.val")]
+    on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert stats["chunks"] == len(tier.present()) < 40
+    assert stats["chunks"] >= len(files)
+    assert stats["tokens"] == 2 * stats["chunks"]
+    assert stats["used_bytes"] >= on_disk * 0.5 and stats["used_bytes"] < 4 * on_disk + (1 << 20)
+    for key in list(tier.present()):
+        tier.delete(key)
+    emptied = store.stats()["disk"]
+    assert emptied["chunks"] == 0 and emptied["tokens"] == 0 and emptied["kv_bytes"] == 0
     store.close()

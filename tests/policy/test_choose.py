@@ -59,7 +59,7 @@ def test_values_are_sane(machine: str, measured: bool) -> None:
 def test_memory_is_left_to_the_os_and_the_model(machine: str, measured: bool) -> None:
     profile = MACHINES[machine]
     t = _choose(profile, measured=measured)
-    kv = (t.resident_sequences + 1) * t.n_ctx * LLAMA_8B.kv_bytes_per_token
+    kv = t.resident_sequences * t.n_ctx * LLAMA_8B.kv_bytes_per_token  # a stream each
     host_used = t.ram_pool_bytes + (0 if profile.offloads else kv + LLAMA_8B.model_bytes)
     assert host_used + host_reserve(profile.memory.total) <= profile.memory.available
     if profile.gpu is not None:
@@ -272,7 +272,7 @@ def test_cpu_live_context_is_capped_and_the_pool_takes_the_rest(model: Any) -> N
 
     laptop = MACHINES["laptop"]
     t = choose(laptop, calibration_for(laptop), model, load_settings())
-    live = t.n_ctx * (t.resident_sequences + 1) * model.kv_bytes_per_token
+    live = t.n_ctx * t.resident_sequences * model.kv_bytes_per_token  # a stream each
     assert live <= CPU_LIVE_KV_BYTES and "CPU inference" in t.reasons["n_ctx"]
     assert t.ram_pool_bytes > live
     gpu = choose(RTX4090, calibration_for(RTX4090), model, load_settings())

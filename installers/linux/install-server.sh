@@ -1,0 +1,328 @@
+#!/bin/sh
+# warmstart as a home-server service under systemd, as root.
+#
+#   sudo installers/linux/install-server.sh --host 192.168.1.10    install and start
+#   sudo installers/linux/install-server.sh --upgrade              new program; state, key, config kept
+#   sudo installers/linux/install-server.sh --uninstall            remove service and program
+#   sudo installers/linux/install-server.sh --uninstall --purge    also state, key, config, user
+#
+# Options: --host ADDR (default 0.0.0.0: every interface, with the key), --port N (8765),
+# --tls-cert FILE --tls-key FILE (HTTPS; handed to the service as credentials),
+# --cpu / --cuda (default: CUDA when nvcc and an NVIDIA GPU are both present),
+# --no-model, --no-start, --source DIR|SPEC (default: this checkout), --python PYTHON,
+# --service-user NAME (default warmstart), --root DIR (install under DIR instead of /,
+# for packaging and tests: the service user is still created on this machine, since
+# file owners need a real uid, and nothing is started).
+set -eu
+PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin  # useradd, runuser: not on every root PATH (su)
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+SOURCE=$(cd "$HERE/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+MODE=install
+PURGE=0
+GPU=auto
+PULL_MODEL=1
+START=1
+ROOT=""
+SVC_USER=warmstart
+HOST=""
+PORT=""
+TLS_CERT=""
+TLS_KEY=""
+
+die() { echo "warmstart server install: $*" >&2; exit 1; }
+say() { echo "==> $*"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --host) shift; HOST=${1:?--host needs an address} ;;
+        --port) shift; PORT=${1:?--port needs a number} ;;
+        --tls-cert) shift; TLS_CERT=${1:?--tls-cert needs a file} ;;
+        --tls-key) shift; TLS_KEY=${1:?--tls-key needs a file} ;;
+        --upgrade) MODE=upgrade ;;
+        --uninstall) MODE=uninstall ;;
+        --purge) PURGE=1 ;;
+        --cpu) GPU=cpu ;;
+        --cuda) GPU=cuda ;;
+        --no-model) PULL_MODEL=0 ;;
+        --no-start) START=0 ;;
+        --source) shift; SOURCE=${1:?--source needs a value} ;;
+        --python) shift; PYTHON=${1:?--python needs a value} ;;
+        --service-user) shift; SVC_USER=${1:?--service-user needs a name} ;;
+        --root) shift; ROOT=${1:?--root needs a directory}; START=0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+    shift
+done
+[ "$(id -u)" -eq 0 ] || die "run me as root (sudo); for one desktop user use installers/linux/install.sh"
+[ "$PURGE" = 0 ] || [ "$MODE" = uninstall ] || die "--purge goes with --uninstall"
+[ -z "$TLS_CERT$TLS_KEY" ] || { [ -n "$TLS_CERT" ] && [ -n "$TLS_KEY" ]; } ||
+    die "--tls-cert and --tls-key go together"
+case "$ROOT" in ""|/*) ;; *) ROOT=$(cd "$ROOT" && pwd) ;; esac
+
+# Paths as the service sees them; every file operation prefixes them with $ROOT.
+PREFIX=/opt/warmstart
+VENV=$PREFIX/venv
+CONF_DIR=/etc/warmstart
+CONF=$CONF_DIR/warmstart.toml
+KEY=$CONF_DIR/api-key
+STATE=/var/lib/warmstart
+UNIT=/etc/systemd/system/warmstart.service
+
+systemd_live() { [ -z "$ROOT" ] && [ -d /run/systemd/system ] && [ "$START" = 1 ]; }
+
+uninstall() {
+    say "removing the warmstart service and program"
+    if systemd_live; then
+        systemctl disable --now warmstart.service >/dev/null 2>&1 || true
+    fi
+    if [ -f "$ROOT$UNIT" ]; then rm -f "$ROOT$UNIT"; echo "    removed $ROOT$UNIT"; fi
+    if systemd_live; then systemctl daemon-reload; fi
+    if [ -d "$ROOT$PREFIX" ]; then rm -rf "$ROOT$PREFIX"; echo "    removed $ROOT$PREFIX"; fi
+    if [ "$PURGE" = 1 ]; then
+        for dir in "$ROOT$STATE" "$ROOT$CONF_DIR"; do
+            if [ -d "$dir" ]; then rm -rf "$dir"; echo "    removed $dir"; fi
+        done
+        if id "$SVC_USER" >/dev/null 2>&1; then
+            userdel "$SVC_USER" && echo "    removed the system user $SVC_USER"
+        fi
+    else
+        echo "    kept $ROOT$STATE (models, KV cache, sessions), $ROOT$CONF_DIR (config, API key)"
+        echo "    and the user $SVC_USER: --uninstall --purge removes them"
+    fi
+}
+
+want_cuda() {
+    case "$GPU" in cpu) return 1 ;; cuda) return 0 ;; esac
+    command -v nvcc >/dev/null 2>&1 && has_nvidia_gpu
+}
+
+has_nvidia_gpu() {
+    [ -e /dev/nvidia0 ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+}
+
+create_user() {
+    if id "$SVC_USER" >/dev/null 2>&1; then return 0; fi
+    nologin=$(command -v nologin || echo /usr/sbin/nologin)
+    useradd --system --user-group --home-dir "$STATE" --no-create-home \
+        --shell "$nologin" --comment "warmstart API" "$SVC_USER"
+    say "created the system user $SVC_USER"
+}
+
+create_dirs() {
+    install -d -m 755 "$ROOT$PREFIX" "$ROOT$CONF_DIR" "$ROOT$(dirname "$UNIT")"
+    # systemd's StateDirectory= makes it too, but the model is pulled into it now
+    install -d -m 700 -o "$SVC_USER" -g "$SVC_USER" "$ROOT$STATE"
+}
+
+install_program() {
+    if [ ! -x "$ROOT$VENV/bin/python" ]; then
+        say "creating the virtual environment $ROOT$VENV"
+        "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+            die "$PYTHON is $("$PYTHON" -V 2>&1); warmstart needs Python 3.11 or newer"
+        "$PYTHON" -m venv "$ROOT$VENV" || die "cannot create a venv: install python3-venv"
+    fi
+    # A venv links to its base interpreter: one under /root (pyenv) is closed to the service.
+    runuser -u "$SVC_USER" -- "$ROOT$VENV/bin/python" -c '' 2>/dev/null ||
+        die "the user $SVC_USER cannot run $ROOT$VENV/bin/python (is $PYTHON under /root?);" \
+            "rerun with --python /usr/bin/python3 (3.11 or newer)"
+    pip="$ROOT$VENV/bin/python -m pip --disable-pip-version-check"
+    llama=""
+    [ -f "$SOURCE/pyproject.toml" ] &&
+        llama=$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$SOURCE/pyproject.toml" | head -n 1)
+    if want_cuda && [ -n "$llama" ] &&
+        [ "$(cat "$ROOT$VENV/.warmstart-build" 2>/dev/null || true)" != "cuda $llama" ]; then
+        # --no-cache-dir: a cached CPU wheel of the same version would be reused otherwise
+        say "building $llama with CUDA (10 to 30 minutes)"
+        CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=on" FORCE_CMAKE=1 $pip install --quiet \
+            --no-cache-dir --force-reinstall --no-deps "$llama"
+        echo "cuda $llama" >"$ROOT$VENV/.warmstart-build"
+    fi
+    say "installing warmstart from $SOURCE into $ROOT$VENV"
+    $pip install --quiet --upgrade --upgrade-strategy only-if-needed "$SOURCE"
+    [ -f "$ROOT$VENV/.warmstart-build" ] || echo "cpu $llama" >"$ROOT$VENV/.warmstart-build"
+}
+
+write_key() {
+    if [ -s "$ROOT$KEY" ]; then
+        echo "    kept the API key $ROOT$KEY"
+    else
+        (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$ROOT$KEY")
+        say "generated an API key into $ROOT$KEY (root only)"
+    fi
+    chown root:root "$ROOT$KEY"
+    chmod 600 "$ROOT$KEY"
+}
+
+write_config() {
+    if [ -f "$ROOT$CONF" ] && [ -z "$HOST$PORT" ]; then
+        echo "    kept the configuration $ROOT$CONF"
+        return 0
+    fi
+    old_host=$(sed -n 's/^host = "\(.*\)"$/\1/p' "$ROOT$CONF" 2>/dev/null || true)
+    old_port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$ROOT$CONF" 2>/dev/null || true)
+    host=${HOST:-${old_host:-0.0.0.0}}
+    port=${PORT:-${old_port:-8765}}
+    cat >"$ROOT$CONF.tmp" <<EOF
+# warmstart server settings; every setting of \`warmstart serve --help\` can go here.
+# After a change: systemctl restart warmstart
+# The API key is not here: it is $KEY (root only), handed to the service by systemd.
+host = "$host"
+port = $port
+EOF
+    chmod 644 "$ROOT$CONF.tmp"
+    mv "$ROOT$CONF.tmp" "$ROOT$CONF"
+    say "wrote $ROOT$CONF (host $host, port $port)"
+}
+
+capability_lines() {  # none at all, unless the port needs binding below 1024
+    port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$ROOT$CONF")
+    if [ "${port:-8765}" -lt 1024 ]; then
+        echo "CapabilityBoundingSet=CAP_NET_BIND_SERVICE"
+        echo "AmbientCapabilities=CAP_NET_BIND_SERVICE"
+    else
+        echo "CapabilityBoundingSet="
+    fi
+}
+
+device_lines() {
+    if has_nvidia_gpu; then
+        cat <<EOF
+# An NVIDIA GPU was found at install: only its devices are reachable
+# (nvidia-frontend covers /dev/nvidia0..N, nvidiactl and nvidia-modeset).
+DevicePolicy=closed
+DeviceAllow=char-nvidia-frontend rw
+DeviceAllow=char-nvidia-uvm rw
+DeviceAllow=char-nvidia-caps rw
+EOF
+    else
+        echo "PrivateDevices=yes"
+    fi
+}
+
+write_unit() {
+    if [ -z "$TLS_CERT" ] && [ -f "$ROOT$UNIT" ]; then  # an upgrade keeps the TLS files
+        TLS_CERT=$(sed -n 's/^LoadCredential=tls-cert://p' "$ROOT$UNIT")
+        TLS_KEY=$(sed -n 's/^LoadCredential=tls-key://p' "$ROOT$UNIT")
+    fi
+    exec_start="$VENV/bin/warmstart serve"
+    tls_creds=""
+    if [ -n "$TLS_CERT" ]; then
+        # As credentials, the files need not be readable by the service user.
+        exec_start="$exec_start --tls-cert %d/tls-cert --tls-key %d/tls-key"
+        tls_creds="LoadCredential=tls-cert:$TLS_CERT
+LoadCredential=tls-key:$TLS_KEY"
+    fi
+    cat >"$ROOT$UNIT.tmp" <<EOF
+# Installed by warmstart's installers/linux/install-server.sh; removed by --uninstall.
+[Unit]
+Description=warmstart API (OpenAI-compatible, tiered KV cache)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+# READY=1 (sd_notify) only once the model is loaded and /health answers.
+Type=notify
+NotifyAccess=main
+ExecStart=$exec_start
+User=$SVC_USER
+Group=$SVC_USER
+Environment=WARMSTART_CONFIG=$CONF
+Environment=WARMSTART_DATA_DIR=$STATE
+Environment=HOME=$STATE
+# The key reaches the server as \$CREDENTIALS_DIRECTORY/warmstart-api-key, never argv or env.
+LoadCredential=warmstart-api-key:$KEY
+$tls_creds
+StateDirectory=warmstart
+StateDirectoryMode=0700
+Restart=on-failure
+RestartSec=5
+TimeoutStartSec=600
+UMask=0077
+
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+ReadWritePaths=$STATE
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+SystemCallArchitectures=native
+$(capability_lines)
+$(device_lines)
+
+[Install]
+WantedBy=multi-user.target
+EOF
+    chmod 644 "$ROOT$UNIT.tmp"
+    mv "$ROOT$UNIT.tmp" "$ROOT$UNIT"
+    say "wrote the unit $ROOT$UNIT"
+}
+
+pull_model() {
+    [ "$PULL_MODEL" = 1 ] || return 0
+    say "pulling the default model into $ROOT$STATE/models"
+    WARMSTART_CONFIG="$ROOT$CONF" "$ROOT$VENV/bin/warmstart" models pull default \
+        --data-dir "$ROOT$STATE" >/dev/null
+    chown -R "$SVC_USER:$SVC_USER" "$ROOT$STATE"
+}
+
+start_service() {
+    if systemd_live; then
+        systemctl daemon-reload
+        systemctl enable warmstart.service >/dev/null 2>&1
+        say "starting warmstart (it reports ready once the model answers)"
+        systemctl restart warmstart.service ||
+            die "the service did not start: journalctl -u warmstart -e"
+    else
+        echo "    not started (no systemd here, or --root/--no-start): systemctl enable --now warmstart"
+    fi
+}
+
+summary() {
+    host=$(sed -n 's/^host = "\(.*\)"$/\1/p' "$ROOT$CONF")
+    port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$ROOT$CONF")
+    shown=$host
+    case "$host" in 0.0.0.0|::) shown=$(hostname -I 2>/dev/null | awk '{print $1}') ;; esac
+    scheme=http
+    grep -q -- '--tls-cert' "$ROOT$UNIT" && scheme=https
+    url="$scheme://${shown:-$host}:$port/v1"
+    cat <<EOF
+
+warmstart serves $url  (OpenAI-compatible; model "default")
+  program     $ROOT$PREFIX  ($(cat "$ROOT$VENV/.warmstart-build" 2>/dev/null || echo cpu) build)
+  state       $ROOT$STATE  (models, KV cache, sessions; owner $SVC_USER, 0700)
+  config      $ROOT$CONF
+  API key     $ROOT$KEY  (root only; the service gets it through LoadCredential=)
+  unit        $ROOT$UNIT
+  logs        journalctl -u warmstart
+
+Try it:
+  curl -H "Authorization: Bearer \$(sudo cat $KEY)" $url/models
+EOF
+}
+
+case "$MODE" in
+    uninstall) uninstall; exit 0 ;;
+    upgrade) [ -x "$ROOT$VENV/bin/python" ] || say "nothing installed yet: installing" ;;
+esac
+create_user
+create_dirs
+install_program
+write_key
+write_config
+write_unit
+pull_model
+start_service
+summary

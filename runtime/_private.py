@@ -1,0 +1,55 @@
+"""Private files: what warmstart writes holds the user's conversations.
+
+Directories are 0700 and files 0600 from creation (the CLI and the app set the
+umask to 077 at start; code that may run under another umask chmods what it
+creates), and existing ones with looser modes are tightened. A directory given as
+a symlink, or owned by another user, is refused: following it would re-mode (or
+fill) a directory someone else chose.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import ConfigError
+
+PRIVATE_UMASK = 0o077
+
+
+def restrict_umask() -> int:
+    """Sets the process umask so that every file and directory is created private;
+    returns the previous one."""
+    return os.umask(PRIVATE_UMASK)
+
+
+def private_dir(path: Path, setting: str, *, uid: int | None = None) -> Path:
+    """Creates ``path`` (mode 0700) or checks and tightens the one there.
+
+    Raises ConfigError naming ``setting`` when it is a symlink, not a directory, or
+    owned by someone else."""
+    if path.is_symlink():
+        raise ConfigError(
+            f"{setting}: {path} is a symbolic link; give the real directory "
+            f"({path.resolve()}) if it is yours"
+        )
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{setting}: {path} is not a directory")
+    owner = uid if uid is not None else os.getuid() if hasattr(os, "getuid") else None
+    if owner is not None and info.st_uid != owner:
+        raise ConfigError(f"{setting}: {path} belongs to another user (uid {info.st_uid})")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> None:
+    """Tightens an existing file to 0600 (a no-op when it is missing)."""
+    try:
+        if stat.S_IMODE(path.lstat().st_mode) & 0o077:
+            path.chmod(0o600)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,95 @@
+"""Helpers for the installer tests: scratch trees, throwaway users, pip without a rebuild.
+
+The installers are normal installers: they run pip as any user would. So that a
+test never recompiles llama-cpp-python (10-20 minutes), it hands pip a wheelhouse
+holding the wheel that the developer's own install left in pip's cache, through
+``PIP_FIND_LINKS``, the way a user would point pip at a local mirror.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA_WHEEL = "llama_cpp_python-0.3.36-*.whl"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates a user and runs the installer as that user")
+    for tool in ("runuser", "useradd", "userdel"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool} (util-linux / passwd)")
+
+
+def _pip_caches() -> list[Path]:
+    caches = [Path.home() / ".cache" / "pip"]
+    if os.environ.get("PIP_CACHE_DIR"):
+        caches.insert(0, Path(os.environ["PIP_CACHE_DIR"]))
+    return caches
+
+
+def cached_llama_wheel() -> Path:
+    """The llama-cpp-python wheel pip built for the developer's venv, or skip."""
+    for cache in _pip_caches():
+        found = sorted(cache.glob(f"wheels/**/{LLAMA_WHEEL}"))
+        if found:
+            return found[-1]
+    pytest.skip(
+        "llama-cpp-python's wheel is not in pip's cache (make .venv/.dev-installed "
+        "builds it once): the installer would compile it for 15 minutes"
+    )
+
+
+def pip_env(wheelhouse: Path, cache: Path) -> dict[str, str]:
+    """pip's settings from this environment, plus the wheelhouse and a private cache."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    links = " ".join(x for x in (str(wheelhouse), env.get("PIP_FIND_LINKS", "")) if x)
+    env.update(PIP_FIND_LINKS=links, PIP_CACHE_DIR=str(cache), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def copy_checkout(into: Path) -> Path:
+    """The checkout's files (tracked and new, not ignored), as a user would download them."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        src = REPO / os.fsdecode(name)
+        if src.is_file():
+            dst = into / os.fsdecode(name)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    return into
+
+
+def chown_tree(path: Path, user: str) -> None:
+    entry = pwd.getpwnam(user)
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def run_as(
+    user: str, argv: list[str], env: Mapping[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``argv`` as ``user`` with exactly ``env`` (nothing of root's leaks in)."""
+    cmd = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def tree(path: Path) -> list[str]:
+    """Every file, link and directory under ``path``, relative, sorted."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))

@@ -1,0 +1,183 @@
+"""installers/linux/install-server.sh as root in a scratch root, and its unit run for real.
+
+systemd is not PID 1 here, so the unit cannot be started; instead the test runs
+its exact ExecStart, User= and Environment= (paths under the scratch root) with
+$CREDENTIALS_DIRECTORY and $NOTIFY_SOCKET set as systemd would set them.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .helpers import REPO, SYSTEM_PATH, need_root, pip_env
+
+pytestmark = pytest.mark.slow
+
+USER = "wstest-server"
+PATHS = ("/opt/warmstart", "/etc/warmstart", "/var/lib/warmstart")
+HARDENING = (
+    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+    "ReadWritePaths=/var/lib/warmstart", "Restart=on-failure", "Type=notify",
+    "StateDirectory=warmstart", "LoadCredential=warmstart-api-key:/etc/warmstart/api-key",
+)  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, scratch: Path, wheelhouse: Path) -> None:
+        self.root = scratch / "root"
+        self.root.mkdir()
+        self.port = _free_port()
+        (scratch / "pip-cache").mkdir()
+        self.env = {"PATH": SYSTEM_PATH, "HOME": str(scratch), "LANG": "C.UTF-8"}
+        self.env.update(pip_env(wheelhouse, scratch / "pip-cache"))
+        self.unit = self.root / "etc/systemd/system/warmstart.service"
+        self.key = self.root / "etc/warmstart/api-key"
+        self.state = self.root / "var/lib/warmstart"
+
+    def install(self, *flags: str) -> str:
+        argv = ["sh", str(REPO / "installers/linux/install-server.sh"), "--root", str(self.root),
+                "--service-user", USER, "--cpu", *flags]  # fmt: skip
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    def directives(self, name: str) -> list[str]:
+        prefix = name + "="
+        lines = self.unit.read_text().splitlines()
+        return [line[len(prefix) :] for line in lines if line.startswith(prefix)]
+
+    def in_root(self, text: str) -> str:
+        for path in PATHS:
+            text = text.replace(path, f"{self.root}{path}")
+        return text
+
+
+@pytest.fixture
+def server(scratch: Path, wheelhouse: Path) -> Iterator[Server]:
+    need_root()
+    yield Server(scratch, wheelhouse)
+    if subprocess.run(["id", USER], capture_output=True).returncode == 0:  # a failed run
+        subprocess.run(["userdel", USER], check=False)
+
+
+def _mode(path: Path) -> tuple[int, str, str]:
+    st = path.stat()
+    return (
+        stat.S_IMODE(st.st_mode),
+        pwd.getpwuid(st.st_uid).pw_name,
+        grp.getgrgid(st.st_gid).gr_name,
+    )
+
+
+def _check_layout(server: Server) -> None:
+    entry = pwd.getpwnam(USER)
+    assert entry.pw_uid < 1000 and entry.pw_dir == "/var/lib/warmstart"
+    assert entry.pw_shell.endswith("nologin")
+    assert _mode(server.key) == (0o600, "root", "root")
+    assert _mode(server.state) == (0o700, USER, USER)
+    assert _mode(server.root / "etc/warmstart/warmstart.toml")[1:] == ("root", "root")
+    assert _mode(server.root / "opt/warmstart/venv/bin/python")[1] == "root"
+    assert next((server.state / "models").glob("*.gguf")).stat().st_uid == entry.pw_uid
+
+
+def _check_unit(server: Server) -> None:
+    text = server.unit.read_text()
+    for line in HARDENING:
+        assert line in text.splitlines(), line
+    assert server.key.read_text().strip() not in text  # the key is never in the unit
+    assert ("DeviceAllow=" in text) == os.path.exists("/dev/nvidia0")
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is missing (Debian package systemd)")
+    # --root needs the distribution's units beside ours (sysinit.target and friends)
+    shutil.copytree(
+        "/usr/lib/systemd/system", server.root / "usr/lib/systemd/system", symlinks=True
+    )
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={server.root}", "warmstart.service"],
+        capture_output=True,
+        text=True,
+    )
+    ours = [line for line in verify.stderr.splitlines() if "warmstart" in line]
+    assert verify.returncode == 0 and not ours, verify.stderr
+
+
+def _run_exec_start(server: Server, scratch: Path) -> None:
+    """ExecStart as User= with the credential and a notify socket, as systemd would."""
+    creds = scratch / "credentials"
+    creds.mkdir(mode=0o500)
+    shutil.copyfile(server.key, creds / "warmstart-api-key")
+    uid = pwd.getpwnam(USER).pw_uid
+    os.chown(creds / "warmstart-api-key", uid, -1)
+    os.chmod(creds / "warmstart-api-key", 0o400)
+    os.chown(creds, uid, -1)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(scratch / "notify.sock"))
+    os.chmod(scratch / "notify.sock", 0o777)
+    notify.settimeout(240)
+    env = dict(item.split("=", 1) for item in server.directives("Environment"))
+    env = {k: server.in_root(v) for k, v in env.items()}
+    env.update(PATH=SYSTEM_PATH, CREDENTIALS_DIRECTORY=str(creds),
+               NOTIFY_SOCKET=str(scratch / "notify.sock"))  # fmt: skip
+    (exec_start,) = server.directives("ExecStart")
+    argv = shlex.split(server.in_root(exec_start))
+    (user,) = server.directives("User")
+    cmd = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    key = server.key.read_text().strip()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ready = notify.recv(4096).decode()  # READY=1 comes once /health answers
+        assert "READY=1" in ready
+        base = f"http://127.0.0.1:{server.port}"
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        wrong = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer nope-nope"})
+        assert wrong.status_code == 401
+        good = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert good.status_code == 200 and good.json()["data"]
+    finally:
+        notify.close()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert key not in out  # never logged
+
+
+def test_install_serve_upgrade_uninstall(server: Server, scratch: Path) -> None:
+    out = server.install("--host", "127.0.0.1", "--port", str(server.port))
+    assert f"http://127.0.0.1:{server.port}/v1" in out
+    assert 'curl -H "Authorization: Bearer $(sudo cat /etc/warmstart/api-key)"' in out
+    _check_layout(server)
+    _check_unit(server)
+    _run_exec_start(server, scratch)
+
+    key = server.key.read_text()
+    marker = server.state / "kept.txt"
+    marker.write_text("state")
+    server.install("--upgrade")
+    assert server.key.read_text() == key and marker.read_text() == "state"
+    assert f"port = {server.port}" in (server.root / "etc/warmstart/warmstart.toml").read_text()
+    _check_layout(server)
+
+    server.install("--uninstall")
+    assert not server.unit.exists() and not (server.root / "opt/warmstart").exists()
+    assert server.key.read_text() == key and marker.is_file()
+
+    server.install("--uninstall", "--purge")
+    assert not server.state.exists() and not (server.root / "etc/warmstart").exists()
+    assert subprocess.run(["id", USER], capture_output=True).returncode != 0

@@ -1,0 +1,186 @@
+"""A restore nobody can detect (issue 9), on the real default model.
+
+One KV stream per conversation and prefill batches that do not depend on the cache:
+the chunks a prompt leaves in the store are the same bytes whatever was cached
+before it, and greedy replies with the cache equal ``--no-cache`` ones, turn after
+turn, after a restart and after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from warmstart.runtime.types import Message, Request, Sampling
+
+from tests.conftest import SYSTEM, chat, small_settings
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENT = " ".join(
+    f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} crate on shelf {i % 7} holds "
+    f"{3 * i + 1} bolts and {i % 5 + 2} hinges."
+    for i in range(60)
+)
+
+
+def _prompt_of(rt, words: list[str], tokens: int) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """The longest run of ``words`` whose tokens are a prefix of the whole text's and
+    number about ``tokens``."""
+    whole = rt.engine.model.tokenize(" ".join(words), add_special=True)
+    for n in range(len(words), 0, -1):
+        text = " ".join(words[:n])
+        ids = rt.engine.model.tokenize(text, add_special=True)
+        if len(ids) <= tokens and whole[: len(ids) - 1] == ids[:-1]:
+            return text, len(ids)
+    raise AssertionError("no prefix")
+
+
+def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def]
+    from warmstart.runtime._pipeline import TAIL_TOKENS
+    from warmstart.runtime.kvstore._keys import batch_cuts
+
+    rt.wait_idle()
+    ids, anchor = rt.engine.prompt_ids(request)
+    cuts = batch_cuts(len(ids), rt.tuning.chunk_tokens, anchor, TAIL_TOKENS)[:-1]
+    hits = rt.store.lookup(ids, cuts)
+    try:
+        assert len(hits) == len(cuts), "every batch of the prompt is stored"
+        return [bytes(rt.store.read(h.record)) for h in hits]
+    finally:
+        rt.store.release(hits)
+
+
+def test_chunk_bytes_do_not_depend_on_the_cached_prefix(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    words = DOCUMENT.split()
+    cold_rt = make_runtime(tmp_path / "cold", n_ctx=2048)
+    text, n = _prompt_of(cold_rt, words, 760)
+    assert n > 700
+    full = Request(prompt=text, sampling=Sampling(max_tokens=1))
+    cold_logits, _ = cold_rt.prompt_logits(full)
+    cold = _chunks(cold_rt, full)
+    for k, evict in ((24, False), (300, True), (700, False)):
+        rt = make_runtime(tmp_path / f"after{k}", n_ctx=2048)
+        prefix, got = _prompt_of(rt, words, k)
+        assert abs(got - k) <= 12
+        rt.prompt_logits(Request(prompt=prefix, sampling=Sampling(max_tokens=1)))
+        if evict:
+            rt.evict_live()  # the prefix comes back from RAM instead of the live context
+        logits, report = rt.prompt_logits(full)
+        if k > rt.tuning.chunk_tokens:
+            assert report.cached_tokens >= k - rt.tuning.chunk_tokens - 2, report
+        assert _chunks(rt, full) == cold, f"after a cached prefix of {got} tokens"
+        np.testing.assert_array_equal(logits, cold_logits)
+
+
+def _turns(*texts: str, system: Message | None = SYSTEM) -> Request:
+    return chat(*texts, system=system, max_tokens=16)
+
+
+def _ask(rt, request: Request) -> str:  # type: ignore[no-untyped-def]
+    text, _ = rt.generate(request).text()
+    rt.wait_idle()
+    return str(text)
+
+
+KILLED = """
+import os, signal, sys
+from pathlib import Path
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.types import Message
+from tests.conftest import chat, small_settings, SYSTEM
+rt = LocalRuntime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
+turns = ["Name a large river in Europe.", "The Danube.", "Which countries does it cross?"]
+for i in range(2):
+    rt.generate(chat(*turns[: 2 * i + 1], max_tokens=16)).text()
+    rt.wait_idle()
+stream = rt.generate(chat(*turns, "And its length?", max_tokens=64))
+next(iter(stream))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_greedy_replies_with_the_cache_equal_no_cache(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path, model_path
+) -> None:
+    from warmstart.runtime.core import LocalRuntime
+
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    data = tmp_path / "cached"
+    rt = make_runtime(data)
+    asked: list[Request] = []
+
+    def both(request: Request) -> None:
+        asked.append(request)
+        assert _ask(rt, request) == _ask(oracle, request), request.messages
+
+    # three questions, each asked twice (the second from the live context)
+    for q in ("Explain what a cache is.", "What is the capital of Italy?", "Name a prime."):
+        both(_turns(q))
+        both(_turns(q))
+    # a conversation, each turn resending the whole history
+    history = ["Give me a word that rhymes with cat."]
+    for follow in ("Another one?", "Now one that rhymes with dog."):
+        reply = _ask(oracle, _turns(*history))
+        both(_turns(*history))
+        history += [reply, follow]
+    both(_turns(*history))
+    # edit and branch: the second question rewritten, then continued
+    branch = [*history[:2], "Now one that rhymes with sun."]
+    both(_turns(*branch))
+    both(_turns(*branch, _ask(oracle, _turns(*branch)), "And with moon?"))
+    # the same document, other questions
+    doc = Message("system", "Answer from this inventory only. " + DOCUMENT[:1200])
+    for q in (
+        "How many bolts are in item 4?",
+        "Which shelf holds item 9?",
+        "What colour is item 2?",
+    ):
+        both(_turns(q, system=doc))
+    rt.evict_live()
+    both(_turns("How many hinges are in item 3?", system=doc))  # from RAM
+    # a return after a restart: everything from disk
+    rt.close()
+    rt = LocalRuntime(small_settings(data, model_path))
+    try:
+        for request in (
+            asked[0],
+            _turns(*history),
+            _turns("Which shelf holds item 9?", system=doc),
+        ):
+            text, report = rt.generate(request).text()
+            rt.wait_idle()
+            assert report.restored["disk"] > 0, report
+            assert text == _ask(oracle, request)
+    finally:
+        rt.close()
+    # a replay after SIGKILL in the middle of a reply
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(killed), str(model_path)], env=env, cwd=ROOT, timeout=300
+    )
+    assert proc.returncode == -9
+    turns = ["Name a large river in Europe.", "The Danube.", "Which countries does it cross?"]
+    with LocalRuntime(small_settings(killed, model_path)) as again:
+        for request in (_turns(turns[0]), _turns(*turns), _turns(*turns, "And its length?")):
+            assert _ask(again, request) == _ask(oracle, request)
+    assert len(asked) + 6 >= 20
+
+
+def test_no_cache_is_cold_even_when_the_prompt_is_live(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    request = _turns("What is a KV cache?")
+    _ask(oracle, request)
+    _, report = oracle.generate(request).text()
+    assert report.cached_tokens == 0 and report.decision == "cache off"
+    rt = make_runtime(tmp_path / "rt")
+    _ask(rt, request)
+    _, report = rt.generate(replace(request, use_cache=False)).text()
+    assert report.cached_tokens == 0
