@@ -27,8 +27,9 @@ from ._profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 
-# 2: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode.
-FORMAT_VERSION = 2
+# 3: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode
+# (2 was a development format that kept a byte count instead).
+FORMAT_VERSION = 3
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
