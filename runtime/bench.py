@@ -360,18 +360,22 @@ def child_lcp(
 START_QUESTION = "Why is the sky blue? Answer in two sentences."
 
 
-def _cli_flags(settings: Settings) -> list[str]:
-    """The settings that differ from the defaults, as `warmstart` flags."""
-    flags = []
+def _cli_args(settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """The settings that differ from the defaults, as `warmstart` flags, and as
+    environment variables for the booleans a flag cannot turn off."""
+    flags, env = [], {}
     for name, value in settings.model_dump(exclude_defaults=True).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            flags += [flag] if value else []
+            if value:
+                flags.append(flag)
+            else:
+                env[f"WARMSTART_{name.upper()}"] = "false"
         elif isinstance(value, tuple | list):
             flags += [flag, ",".join(str(v) for v in value)]
         else:
             flags += [flag, str(value)]
-    return flags
+    return flags, env
 
 
 def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION) -> dict[str, Any]:
@@ -379,9 +383,12 @@ def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION)
     process starts to the first byte of its reply (the CLI writes each token as it
     comes): interpreter start, imports, model load and the request, as a user waits."""
     cmd = [sys.executable, "-m", f"{__package__}.cli", "ask", question, "--max-tokens", "8"]
-    cmd += _cli_flags(settings)
+    flags, env = _cli_args(settings)
+    cmd += flags
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env}
+    )
     assert proc.stdout is not None
     first = proc.stdout.read(1)
     first_s = time.perf_counter() - t0

@@ -60,11 +60,20 @@ def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
     assert back == caches and repr(back) == repr(caches)  # the ident hashes the repr
 
 
-def test_cli_flags_reproduce_the_settings(tmp_path: Path, model_path: Path) -> None:
+def test_cli_args_reproduce_the_settings(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from warmstart.runtime.cli import build_parser, settings_from
 
-    settings = small_settings(tmp_path, model_path, cors_origins=("http://a", "http://b"))
-    args = build_parser().parse_args(["ask", "q", *bench._cli_flags(settings)])
+    settings = small_settings(
+        tmp_path, model_path, cors_origins=("http://a", "http://b"), no_cache=True
+    )
+    if "exact_replies" in type(settings).model_fields:  # a boolean whose default is True
+        settings = settings.model_copy(update={"exact_replies": False})
+    flags, env = bench._cli_args(settings)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["ask", "q", *flags])
     assert settings_from(args) == settings
 
 
