@@ -5,19 +5,46 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest
+.PHONY: run test lint pytest gpu-carry gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 
-# llama-cpp-python compiles from its sdist the first time (10-20 min on 2 cores);
-# pip caches the wheel, so later installs take seconds.
-$(VENV)/.run-installed: pyproject.toml | $(BIN)/python
+# llama.cpp's GPU backend is chosen when llama-cpp-python compiles, by CMAKE_ARGS: CUDA
+# where nvcc and an NVIDIA GPU are found, else the CPU. Ask for another backend with
+#   make run CMAKE_ARGS="-DGGML_HIP=on"      # AMD ROCm (hipcc)
+#   make run CMAKE_ARGS="-DGGML_VULKAN=on"   # Vulkan (glslc and the Vulkan SDK)
+#   make run CMAKE_ARGS="-DGGML_METAL=on"    # macOS (Apple silicon builds Metal anyway)
+#   make run CMAKE_ARGS=                      # CPU only, even where CUDA is found
+HAVE_CUDA := $(shell command -v nvcc >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
+ifeq ($(origin CMAKE_ARGS),undefined)
+CMAKE_ARGS := $(if $(HAVE_CUDA),-DGGML_CUDA=on)
+endif
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMA_BUILD   := $(if $(strip $(CMAKE_ARGS)),$(shell printf '%s' '$(CMAKE_ARGS)' | cksum | cut -d' ' -f1),cpu)
+LLAMA_WHEELS  := $(HOME)/.cache/warmstart/llama-wheels/$(LLAMA_BUILD)
+
+# llama-cpp-python compiles from its sdist the first time (10-20 min on 2 cores; a GPU
+# build longer). Its wheel is py3-none, good for every Python, but pip caches a built
+# wheel per Python version and by version only, not by CMAKE_ARGS: a second Python
+# would compile again, and a GPU build would get the cached CPU wheel. So the wheel is
+# built once into a folder of its own (one per CMAKE_ARGS; a GPU build bypasses pip's
+# cache) and every venv installs it from there.
+$(VENV)/.llama-$(LLAMA_BUILD): | $(BIN)/python
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps -w $(LLAMA_WHEELS) \
+	    $(if $(strip $(CMAKE_ARGS)),--no-cache-dir) llama-cpp-python==$(LLAMA_VERSION)
+	$(BIN)/pip install --quiet --no-deps --force-reinstall \
+	  $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	rm -f $(VENV)/.llama-* $(VENV)/.run-installed $(VENV)/.dev-installed
+	touch $@
+
+$(VENV)/.run-installed: pyproject.toml $(VENV)/.llama-$(LLAMA_BUILD) | $(BIN)/python
 	$(BIN)/pip install --quiet .
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.dev-installed: pyproject.toml $(VENV)/.llama-$(LLAMA_BUILD) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -28,9 +55,9 @@ run: $(VENV)/.run-installed
 	$(BIN)/warmstart ask "$(QUESTION)"
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check runtime app tests
-	$(BIN)/ruff format --check runtime app tests
-	$(BIN)/mypy runtime app
+	$(BIN)/ruff check runtime app tests tools
+	$(BIN)/ruff format --check runtime app tests tools
+	$(BIN)/mypy runtime app tools
 
 pytest: $(VENV)/.dev-installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
@@ -38,3 +65,15 @@ pytest: $(VENV)/.dev-installed
 test:
 	sh installers/linux/system-deps.sh
 	$(MAKE) lint pytest
+
+# The GPU check, for a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
+# network: `make gpu-carry` here (where pip reaches PyPI) gathers what it needs into
+# .gpu-carry/ (a trimmed llama-cpp-python sdist and a few wheels, about 16 MB); there,
+# `make gpu-check` builds (or reuses) a CUDA llama-cpp-python, writes a synthetic 8B
+# model and puts one JSON report in $(GPU_CHECK_OUT)/gpu-check.json.
+GPU_CHECK_OUT ?= gpu-check
+gpu-carry:
+	PYTHON=$(PYTHON) bash installers/gpu/carry.sh
+
+gpu-check:
+	PYTHON=$(PYTHON) GPU_CHECK_OUT=$(GPU_CHECK_OUT) bash installers/gpu/check.sh

@@ -202,12 +202,14 @@ class Job:
             fits = staging is not None and staging.nbytes - at >= hit.record.nbytes
             if hit.record.slot is None and fits and staging is not None:
                 room = staging[at : at + hit.record.nbytes]
+            on_disk_only = hit.record.slot is None
             blob = store.read(hit.record, room)
             if blob is None:
                 break
-            if hit.record.slot is None:
+            if room is not None:  # used even when prewarm promoted the chunk meanwhile
+                at += hit.record.nbytes
+            if on_disk_only:
                 self.promotions.append(hit.record)
-                at += hit.record.nbytes if room is not None else 0
             blobs.append(blob)
         return blobs
 

@@ -201,6 +201,9 @@ def threshold_check(rt: Any) -> dict[str, Any]:
         return 1000 * statistics.median(times)
 
     def recompute_ms(n: int) -> float:
+        # time_prefill decodes into the scratch sequence, which is resident 0's here:
+        # empty it first (its chunks stay in the store), or positions collide
+        eng.evict(eng.residents[eng.scratch])
         return 1000 * statistics.median(eng.time_prefill(n) for _ in range(3))
 
     def run() -> dict[str, Any]:
@@ -239,6 +242,7 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
             "ram": ram,
             "set_data_gbps": set_data_gbps(rt),
             "kv_bytes_per_token": rt.engine.kv_bytes_per_token,
+            "extra_buffers": rt.engine.model.extra_buffers,
             "tuning": rt.tuning.report(),
         }
         own_tokens = []
@@ -291,10 +295,34 @@ def child_disk(settings: Settings, system: str) -> dict[str, Any]:
 
 
 # llama-cpp-python's own caches ----------------------------------------------------------------
-def _llama(model: Path, n_ctx: int) -> Any:
+def _llama(model: Path, n_ctx: int, extra_buffers: bool, n_gpu_layers: int) -> Any:
     from llama_cpp import Llama
 
-    return Llama(model_path=str(model), n_ctx=n_ctx, flash_attn=True, verbose=False)
+    if not extra_buffers:
+        _without_extra_buffers()
+    return Llama(
+        model_path=str(model),
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,  # the same offload as ours (-1: every layer)
+        flash_attn=True,
+        verbose=False,
+    )
+
+
+def _without_extra_buffers() -> None:
+    """The high-level ``Llama`` builds its own model params and has no option for
+    llama.cpp's extra buffer types: make its defaults say off. Only ever called in
+    the comparison's child process, which exists for this one model."""
+    import llama_cpp.llama_cpp as ll
+
+    default_params = ll.llama_model_default_params
+
+    def without() -> Any:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    ll.llama_model_default_params = without
 
 
 def _lcp_ttft(llm: Any, prompt: str) -> float:
@@ -308,11 +336,17 @@ def _lcp_ttft(llm: Any, prompt: str) -> float:
 
 
 def child_lcp(
-    model: Path, cache_dir: Path, prompts: list[str], n_ctx: int, populate: bool
+    model: Path,
+    cache_dir: Path,
+    prompts: list[str],
+    n_ctx: int,
+    populate: bool,
+    extra_buffers: bool = False,
+    n_gpu_layers: int = 0,
 ) -> dict[str, Any]:
     from llama_cpp import LlamaDiskCache, LlamaRAMCache
 
-    llm = _llama(model, n_ctx)
+    llm = _llama(model, n_ctx, extra_buffers, n_gpu_layers)
     llm.set_cache(LlamaDiskCache(cache_dir=str(cache_dir), capacity_bytes=8 << 30))
     first = _lcp_ttft(llm, prompts[0])
     if populate:
@@ -323,9 +357,65 @@ def child_lcp(
     return {"disk_ttft_s": first, "ram_ttft_s": _lcp_ttft(llm, prompts[0])}
 
 
+# a fresh `warmstart ask` ------------------------------------------------------------------------
+START_QUESTION = "Why is the sky blue? Answer in two sentences."
+
+
+def _cli_args(settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """The settings that differ from the defaults, as `warmstart` flags, and as
+    environment variables for the booleans a flag cannot turn off."""
+    flags, env = [], {}
+    for name, value in settings.model_dump(exclude_defaults=True).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                flags.append(flag)
+            else:
+                env[f"WARMSTART_{name.upper()}"] = "false"
+        elif isinstance(value, tuple | list):
+            flags += [flag, ",".join(str(v) for v in value)]
+        else:
+            flags += [flag, str(value)]
+    return flags, env
+
+
+def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION) -> dict[str, Any]:
+    """Runs `warmstart ask QUESTION` as a new process and times it from before the
+    process starts to the first byte of its reply (the CLI writes each token as it
+    comes): interpreter start, imports, model load and the request, as a user waits."""
+    cmd = [sys.executable, "-m", f"{__package__}.cli", "ask", question, "--max-tokens", "8"]
+    flags, env = _cli_args(settings)
+    cmd += flags
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env}
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    first_s = time.perf_counter() - t0
+    _, err = proc.communicate()
+    if proc.returncode != 0 or not first:
+        raise RuntimeError(f"warmstart ask failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    summary = [ln for ln in err.decode().splitlines() if ln.startswith("[prompt")]
+    return {
+        "process_start_to_first_token_s": first_s,
+        "process_wall_s": time.perf_counter() - t0,
+        "summary": summary[-1] if summary else "",
+    }
+
+
+def repeated_ask(settings: Settings) -> dict[str, Any]:
+    """A question asked once in a fresh process, then again in another: the second is
+    the one timed (its prompt comes from the disk tier)."""
+    first = ask_start_to_first_token(settings)
+    return {"first": first, "repeat": ask_start_to_first_token(settings)}
+
+
 # orchestration -------------------------------------------------------------------------------
 def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # keep the caller's PYTHONPATH: an install with --target (make gpu-check) lives there
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     proc = subprocess.run(
         [sys.executable, "-m", f"{__package__}.bench", "--child", kind, json.dumps(payload)],
         capture_output=True,
@@ -341,9 +431,10 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
     data = settings.model_dump()
     data.update(data_dir=work / "ours", cache_dir=None, model=str(model), recalibrate=False)
     (work / "ours").mkdir(parents=True)
-    known = settings.data_dir / "calibration.json"
-    if known.is_file():  # reuse this machine's calibration: it is keyed by machine and model
-        shutil.copy(known, work / "ours" / "calibration.json")
+    # reuse this machine's calibration and extra-buffer verdicts: keyed by machine and model
+    for name in ("calibration.json", "extra_buffers.json"):
+        if (settings.data_dir / name).is_file():
+            shutil.copy(settings.data_dir / name, work / "ours" / name)
     return load_settings(**{k: v for k, v in data.items() if v is not None})
 
 
@@ -361,7 +452,7 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
         disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
         from .engine._llama import LlamaModel
 
-        lm = LlamaModel(model)
+        lm = LlamaModel(model)  # for its chat template only: nothing is decoded
         template = ChatTemplate(lm.chat_template(), "", "")
         lm.close()
         prompts = [template.render(conversation(system, i)) for i in (0, 1)]
@@ -371,10 +462,15 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
             "cache_dir": str(work / "lcp"),
             "prompts": prompts,
             "n_ctx": n_ctx,
+            # the comparison runs on the same machine: the same choice as ours
+            "extra_buffers": ours["extra_buffers"],
+            "n_gpu_layers": settings.n_gpu_layers,
         }
         lcp_cold = _child("lcp", {**lcp_args, "populate": True})
         lcp = _child("lcp", {**lcp_args, "populate": False})
-        return summarize(ours, disk, lcp_cold, lcp, du(work / "ours" / "cache"), du(work / "lcp"))
+        disk_bytes = du(work / "ours" / "cache")  # before the asks add their own chunks
+        asks = repeated_ask(ours_settings)
+        return summarize(ours, disk, lcp_cold, lcp, disk_bytes, du(work / "lcp"), asks)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -387,6 +483,7 @@ def summarize(
     lcp: dict[str, Any],
     disk_bytes: int,
     lcp_bytes: int,
+    asks: dict[str, Any],
 ) -> dict[str, Any]:
     kvb = ours["kv_bytes_per_token"]
     anchor = ours["anchor_tokens"]
@@ -423,6 +520,9 @@ def summarize(
         "greedy_same_reply": ours["cold"]["text"] == ours["ram"]["text"] == disk["text"],
         "threshold": ours["threshold"],
         "tuning": {k: v["value"] for k, v in ours["tuning"].items()},
+        "extra_buffers": ours["extra_buffers"],
+        "process_start_to_first_token_s": asks["repeat"]["process_start_to_first_token_s"],
+        "ask": asks,
     }
 
 
@@ -466,6 +566,8 @@ def render(r: dict[str, Any]) -> str:
         f"= {r['disk_bytes'] / r['ideal_bytes']:.2f}x; "
         f"LlamaDiskCache {r['lcp_disk_bytes'] / 1e6:.1f} MB for ONE conversation",
         f"greedy reply identical cold / RAM / disk: {r['greedy_same_reply']}",
+        f"`warmstart ask`, a repeated question: process start to first token "
+        f"{r['process_start_to_first_token_s']:.2f} s ({r['ask']['repeat']['summary']})",
         f"swap-in threshold {th['threshold_tokens']} tokens: restore "
         f"{th['restore_ms_at_threshold']:.2f} ms vs recompute "
         f"{th['recompute_ms_at_threshold']:.2f} ms; below it: "
@@ -500,6 +602,8 @@ def _main_child(kind: str, payload: dict[str, Any]) -> None:
             payload["prompts"],
             payload["n_ctx"],
             payload["populate"],
+            payload.get("extra_buffers", False),
+            payload.get("n_gpu_layers", 0),
         )
     print(json.dumps(out))
 

@@ -65,10 +65,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 # commands ------------------------------------------------------------------------------------
-def _open_runtime(settings: Settings) -> LocalRuntime:
+def _open_runtime(settings: Settings, prewarm: bool = True) -> LocalRuntime:
     from .factory import open_runtime
 
-    return open_runtime(settings, progress=lambda msg: print(msg, file=sys.stderr))
+    say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    return open_runtime(settings, progress=say, prewarm=prewarm)
 
 
 def _print_reply(stream: Any) -> Any:
@@ -91,7 +92,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     messages: list[Message] = [Message("system", args.system)] if args.system else []
-    with _open_runtime(settings) as rt:
+    # one question: it fetches what it needs itself; warming other conversations
+    # would only compete with it for the disk (and a restore that races the promotion
+    # of the same chunks to RAM fails today: "chunk size does not match its cell count")
+    with _open_runtime(settings, prewarm=False) as rt:
         if args.session:
             info = rt.session(args.session)
             if info is not None:

@@ -21,7 +21,9 @@ import numpy as np
 
 from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
+from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
+from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, ContextOverflow, RequestError
 from .kvstore._disk import DiskTier
 from .kvstore._keys import common_prefix
@@ -49,13 +51,20 @@ class LoadedModel:
     path: Path
     digest: str
     model: LlamaModel
+    extra_buffers: ExtraBuffers = NOT_CHECKED
 
 
-def load_model(settings: Settings) -> LoadedModel:
-    """Resolves (pulling the default model on first use), digests and loads the model."""
+def load_model(settings: Settings, smoke: SmokeCommand | None = None) -> LoadedModel:
+    """Resolves (pulling the default model on first use), digests and loads the model,
+    with llama.cpp's extra buffer types only where a smoke decode (``smoke``: its
+    child's command, for tests) showed them safe."""
     path = ModelManager(settings.models_dir).resolve(settings.model)
     digest = DigestCache(settings.data_dir / "digests.json").digest(path)
-    return LoadedModel(path, digest, LlamaModel(path, settings.n_gpu_layers))
+    extra = choose_extra_buffers(
+        settings.extra_buffers, path, digest, settings.data_dir / "extra_buffers.json", smoke
+    )
+    model = LlamaModel(path, settings.n_gpu_layers, extra_buffers=extra.enabled)
+    return LoadedModel(path, digest, model, extra)
 
 
 def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
@@ -76,9 +85,11 @@ class LocalRuntime:
         model: LoadedModel | None = None,
         tuning: Tuning | None = None,
         rates: Rates | None = None,
+        kv_layout: tuple[CacheLayout, ...] | None = None,
     ) -> None:
-        """``model``, ``tuning`` and ``rates`` come from the factory (probe, calibration,
-        policy); left out, the model is loaded here and fixed defaults are used."""
+        """``model``, ``tuning``, ``rates`` and ``kv_layout`` come from the factory
+        (probe, calibration, policy); left out, the model is loaded here, fixed
+        defaults are used and the engine measures its KV layout."""
         self.settings = settings
         loaded = model or load_model(settings)
         path = loaded.path
@@ -96,6 +107,7 @@ class LocalRuntime:
                 n_gpu_layers=settings.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
+                kv_layout=kv_layout,
             ),
             model=loaded.model,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+from .engine._smoke import ExtraBuffers
 from .hardware import Calibration, HardwareProfile
 from .policy import Tuning
 
@@ -21,12 +22,17 @@ def doctor_report(
     tuning: Tuning,
     *,
     calibration_reused: bool | None = None,
+    extra_buffers: ExtraBuffers | None = None,
+    llama_build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The object ``doctor --json`` prints.
 
     ``{"hardware": {...}, "calibration": {...} | None, "settings": {NAME:
     {"value": ..., "reason": "..."}}}``. ``calibration_reused`` (when known)
-    lands in ``calibration["reused"]``. Everything in it is JSON-serialisable.
+    lands in ``calibration["reused"]``; the extra-buffer choice (when known) in
+    ``settings["extra_buffers"]`` (value ``"on"`` or ``"off"``); what the loaded
+    llama.cpp library says of itself in ``hardware["llama_cpp"]``. Everything in it
+    is JSON-serialisable.
     """
     cal: dict[str, Any] | None = None
     if calibration is not None:
@@ -34,7 +40,16 @@ def doctor_report(
         cal["zstd"] = [dict(p) for p in cal["zstd"]]
         if calibration_reused is not None:
             cal["reused"] = calibration_reused
-    return {"hardware": profile.to_dict(), "calibration": cal, "settings": tuning.report()}
+    settings = tuning.report()
+    if extra_buffers is not None:
+        settings["extra_buffers"] = {
+            "value": "on" if extra_buffers.enabled else "off",
+            "reason": extra_buffers.reason,
+        }
+    hardware = profile.to_dict()
+    if llama_build is not None:
+        hardware["llama_cpp"] = llama_build
+    return {"hardware": hardware, "calibration": cal, "settings": settings}
 
 
 def _size(n: float) -> str:
@@ -78,6 +93,10 @@ def _hardware_lines(hw: dict[str, Any]) -> list[str]:
         f"{_size(disk['free'])} free of {_size(disk['total'])}"
     )
     lines.append(f"  llama.cpp backend: {hw['backend']}   machine id {hw['machine_id']}")
+    build = hw.get("llama_cpp")
+    if build:
+        offload = "can offload layers to a GPU" if build["gpu_offload"] else "no GPU offload"
+        lines.append(f"  llama.cpp loaded: {', '.join(build['backends']) or '?'} ({offload})")
     lines += [f"  note     {note}" for note in hw.get("notes", ())]
     return lines
 

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
+from .engine._build import llama_build_info
 from .engine._engine import Engine, EngineConfig, fingerprint_of
+from .engine._kvblob import CacheLayout
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
 from .policy import Tuning, choose, rates_from
 from .settings import Settings
@@ -20,6 +24,26 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 CALIBRATION_CTX = 4096  # tokens: enough for the longest calibration prefill
+
+
+def layout_to_json(caches: tuple[CacheLayout, ...]) -> tuple[dict[str, Any], ...]:
+    """The KV caches' layout as the calibration file keeps it."""
+    return tuple(dataclasses.asdict(c) for c in caches)
+
+
+def layout_from_json(data: tuple[dict[str, Any], ...]) -> tuple[CacheLayout, ...]:
+    """Inverse of :func:`layout_to_json`, with the exact types (the layout's ident, which
+    every chunk carries, is a hash of their repr)."""
+    return tuple(
+        CacheLayout(
+            meta_bytes=int(c["meta_bytes"]),
+            v_trans=bool(c["v_trans"]),
+            n_layer=int(c["n_layer"]),
+            k=tuple((int(t), int(row)) for t, row in c["k"]),
+            v=tuple((int(t), int(size), int(n)) for t, size, n in c["v"]),
+        )
+        for c in data
+    )
 
 
 class _CalibrationTarget:
@@ -32,6 +56,7 @@ class _CalibrationTarget:
             loaded.model, loaded.digest, settings.type_kv, settings.flash_attn
         )
         self.kv_bytes_per_token = loaded.model.kv_bytes_per_token_estimate(settings.type_kv)
+        self.kv_layout: tuple[dict[str, Any], ...] | None = None
         self._engine: Engine | None = None
 
     def _get(self) -> Engine:
@@ -52,6 +77,8 @@ class _CalibrationTarget:
                 model=self._loaded.model,
             )
             self.kv_bytes_per_token = self._engine.kv_bytes_per_token
+            if self._engine.chunkable:
+                self.kv_layout = layout_to_json(self._engine.layout.caches)
         return self._engine
 
     def time_prefill(self, n_tokens: int) -> float:
@@ -107,7 +134,9 @@ def open_runtime(
     if not chosen.reused:
         say("calibrated this machine for this model (cached for next time)")
     rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
-    rt = LocalRuntime(settings, loaded, chosen.tuning, rates)
+    kept = chosen.calibration.kv_layout
+    layout = layout_from_json(kept) if kept is not None else None
+    rt = LocalRuntime(settings, loaded, chosen.tuning, rates, layout)
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
@@ -137,7 +166,12 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
     finally:
         loaded.model.close()
     report = doctor_report(
-        chosen.profile, chosen.calibration, chosen.tuning, calibration_reused=chosen.reused
+        chosen.profile,
+        chosen.calibration,
+        chosen.tuning,
+        calibration_reused=chosen.reused,
+        extra_buffers=loaded.extra_buffers,
+        llama_build=llama_build_info(),
     )
     print(json.dumps(report, indent=2) if as_json else render_doctor(report))
     return 0

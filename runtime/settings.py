@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")
     flash_attn: Literal["auto", "on"] = Field("auto", description="flash attention")
+    extra_buffers: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="llama.cpp's extra buffer types (weight repacking, AMX); auto: a "
+        "one-time smoke decode in a child process decides (they die by SIGILL on some CPUs)",
+    )
 
     # the store
     ram_pool_bytes: int | None = Field(None, ge=0, description="size of the RAM pool")

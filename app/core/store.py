@@ -119,14 +119,15 @@ class ConversationStore:
         """Pinned first, then the most recently updated. ``search`` matches titles and
         message text, case-insensitively."""
         sql = "SELECT * FROM conversations"
-        args: tuple[Any, ...] = ()
+        args: dict[str, Any] = {}
         if search.strip():
             like = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%") + "%"
+            # a named parameter used twice: Python 3.12 deprecates "?1" with a sequence
             sql += (
-                " WHERE title LIKE ?1 ESCAPE '\\' OR id IN (SELECT conversation_id FROM"
-                " messages WHERE content LIKE ?1 ESCAPE '\\')"
+                " WHERE title LIKE :like ESCAPE '\\' OR id IN (SELECT conversation_id FROM"
+                " messages WHERE content LIKE :like ESCAPE '\\')"
             )
-            args = (like,)
+            args = {"like": like}
         sql += " ORDER BY pinned DESC, updated DESC"
         return [_conversation(r) for r in self._db.execute(sql, args)]
 

@@ -109,6 +109,8 @@ class EngineConfig:
     n_gpu_layers: int = -1
     flash_attn: str = "auto"
     type_kv: str = "f16"
+    # the KV caches' per-cell layout, kept with the calibration: no probe decode at start
+    kv_layout: tuple[_kvblob.CacheLayout, ...] | None = None
 
 
 class Engine:
@@ -148,7 +150,13 @@ class Engine:
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
         self._blob = np.empty(0, dtype=np.uint8)  # reused for snapshots and restores
-        self.layout = self._measure_layout()
+        # the calibration keeps the caches' layout: a start then decodes no probe (the
+        # stream count is this context's own: one stream per conversation)
+        self.layout = (
+            _kvblob.BlobLayout(n_seq, config.kv_layout)
+            if config.kv_layout is not None
+            else self._measure_layout()
+        )
         self.kv_bytes_per_token = self.layout.cell_bytes
         self.chunkable = not self.model.recurrent
         if not self.chunkable:

@@ -55,11 +55,15 @@ def _silence_llama_logs() -> None:
 class LlamaModel:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = -1) -> None:
+    def __init__(self, path: Path, n_gpu_layers: int = -1, *, extra_buffers: bool = False) -> None:
+        """``extra_buffers``: llama.cpp's extra buffer types (weight repacking, AMX); off
+        unless engine._smoke found them safe here (on AMX CPUs they can die by SIGILL)."""
         _silence_llama_logs()
         ll.llama_backend_init()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 10**6 if n_gpu_layers < 0 else n_gpu_layers
+        params.use_extra_bufts = extra_buffers
+        self.extra_buffers = extra_buffers
         self.path = path
         self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:

@@ -27,7 +27,10 @@ from ._profile import HardwareProfile
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# 3: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode
+# (2 was a development format that kept a byte count instead). 4: batch invariance
+# (merge_unit, merge_max) is measured too.
+FORMAT_VERSION = 4
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
@@ -49,10 +52,14 @@ class CalibrationTarget(Protocol):
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
     ``batch_invariant(unit, units)``: whether tokens prefilled as one batch of
     ``unit * units`` get the same KV bytes as prefilled in batches of ``unit``.
+    ``kv_bytes_per_token`` and ``kv_layout`` (the per-cell layout of each KV cache
+    as plain JSON-able data, ``None`` when not known) are read after the timings, so
+    a target may measure them on the context it made for them.
     """
 
     fingerprint: str
     kv_bytes_per_token: int
+    kv_layout: tuple[dict[str, Any], ...] | None
 
     def time_prefill(self, n_tokens: int) -> float: ...
 
@@ -91,6 +98,10 @@ class Calibration:
     merge_max: int = 0
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
+    # the per-cell layout of each KV cache (engine._kvblob.CacheLayout's fields),
+    # measured on a real context: a start that finds it here decodes no probe
+    # (None: not measured, or a model whose state cannot be cut into chunks)
+    kv_layout: tuple[dict[str, Any], ...] | None = None
 
     @property
     def prefill_tps(self) -> float:
@@ -126,6 +137,8 @@ class Calibration:
         """Inverse of :meth:`to_dict`; raises KeyError/TypeError on a malformed dict."""
         fields = {k: v for k, v in data.items() if k != "prefill_tps"}
         fields["zstd"] = tuple(ZstdPoint(**p) for p in fields.get("zstd", ()))
+        if fields.get("kv_layout") is not None:
+            fields["kv_layout"] = tuple(dict(c) for c in fields["kv_layout"])
         return cls(**fields)
 
 
@@ -197,6 +210,7 @@ def calibrate(
         machine_id=profile.machine_id(),
         fingerprint=target.fingerprint,
         kv_bytes_per_token=target.kv_bytes_per_token,
+        kv_layout=target.kv_layout,
         prefill_short_tokens=short,
         prefill_short_s=short_s,
         prefill_long_tokens=long,
@@ -231,6 +245,13 @@ def _read_entries(cache_file: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(cache_file.read_text(encoding="utf-8"))
+        if isinstance(data.get("format"), int) and data["format"] < FORMAT_VERSION:
+            log.info(
+                "calibration cache %s predates format %d; measuring again",
+                cache_file,
+                FORMAT_VERSION,
+            )
+            return {}
         if data.get("format") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
             raise ValueError(f"unknown format {data.get('format')!r}")
         return dict(data["entries"])

@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +32,9 @@ class FakeTarget:
 
     fingerprint: str = "f0" * 32
     kv_bytes_per_token: int = 2048
+    kv_layout: tuple[dict[str, Any], ...] | None = (
+        {"meta_bytes": 12, "v_trans": False, "n_layer": 1, "k": [[1, 1024]], "v": [[1, 1024, 1]]},
+    )
     tps: float = 2000.0
     set_gbps: float = 4.0
     calls: list[tuple[str, int]] = field(default_factory=list)
@@ -142,7 +146,8 @@ def test_a_change_triggers_a_new_calibration(change: str, tmp_path: Path) -> Non
         "{not json",
         '{"format": 99, "entries": {}}',
         "[]",
-        '{"format": 1, "entries": {"%s": {"x": 1}}}',
+        # a current-format file with a malformed entry
+        '{"format": FORMAT, "entries": {"%s": {"x": 1}}}',
     ],
 )
 def test_a_corrupt_cache_is_ignored_and_rewritten(
@@ -150,11 +155,26 @@ def test_a_corrupt_cache_is_ignored_and_rewritten(
 ) -> None:
     cache = tmp_path / "calibration.json"
     key = f"{LAPTOP.machine_id()}/{FakeTarget().fingerprint}"
-    cache.write_text(content.replace("%s", key))
+    cache.write_text(content.replace("%s", key).replace("FORMAT", str(_calibrate.FORMAT_VERSION)))
     with caplog.at_level(logging.WARNING):
         _, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
     assert not reused and "unusable" in caplog.text
     assert load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)[1]
+
+
+def test_an_older_format_is_measured_again_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "calibration.json"
+    key = f"{LAPTOP.machine_id()}/{FakeTarget().fingerprint}"
+    old = calibration_for(LAPTOP).to_dict()
+    cache.write_text(json.dumps({"format": 1, "entries": {key: old}}))
+    with caplog.at_level(logging.WARNING):
+        cal, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
+    assert not reused and not caplog.records  # an upgrade is no cause for a warning
+    assert cal.kv_layout == FakeTarget().kv_layout  # the KV layout is kept from now on
+    again, reused = load_or_calibrate(FakeTarget(), LAPTOP, cache, cache_dir=tmp_path)
+    assert reused and again.kv_layout == FakeTarget().kv_layout
 
 
 def test_old_entries_are_dropped(tmp_path: Path) -> None:
