@@ -55,9 +55,9 @@ run: $(VENV)/.run-installed
 	$(BIN)/warmstart ask "$(QUESTION)"
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check runtime app tests tools
-	$(BIN)/ruff format --check runtime app tests tools
-	$(BIN)/mypy runtime app tools
+	$(BIN)/ruff check runtime app tests installers/gpu
+	$(BIN)/ruff format --check runtime app tests installers/gpu
+	$(BIN)/mypy runtime app installers/gpu
 
 pytest: $(VENV)/.dev-installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider

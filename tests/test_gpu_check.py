@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from installers.gpu import gpu_check, synth_gguf
 from tests.conftest import chat, small_settings
-from tools import gpu_check, synth_gguf
 
 REPORT_KEYS = {
     "started_at", "python", "machine", "cpus", "seconds", "errors",

@@ -2,7 +2,7 @@
 # make gpu-check: on a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
 # network. Installs the carried wheels and a CUDA build of llama-cpp-python (built from
 # the carried, trimmed sdist, or reused from an earlier run) into a folder of its own
-# on PYTHONPATH (the image's PyTorch stays visible), then runs tools/gpu_check.py:
+# on PYTHONPATH (the image's PyTorch stays visible), then runs installers/gpu/gpu_check.py:
 # one JSON report in $GPU_CHECK_OUT/gpu-check.json. Prepare .gpu-carry/ first with
 # `make gpu-carry` where pip reaches PyPI. Under 10 minutes on 16 cores.
 set -euo pipefail
@@ -49,5 +49,5 @@ ln -sfn "$PWD/app" "$SITE/warmstart/app"
 echo "gpu-check: installed in $((built - started)) s (llama-cpp-python build included)" >&2
 
 export WARMSTART_CONFIG="$OUT_DIR/no-config.toml"  # the machine's own config stays out
-"$PYTHON" tools/gpu_check.py --out "$OUT_DIR/gpu-check.json" --work "${GPU_CHECK_WORK:-/tmp/warmstart-gpu-check}" \
+"$PYTHON" installers/gpu/gpu_check.py --out "$OUT_DIR/gpu-check.json" --work "${GPU_CHECK_WORK:-/tmp/warmstart-gpu-check}" \
     --install-seconds "$((built - started))" "$@"

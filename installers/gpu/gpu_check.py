@@ -9,13 +9,13 @@ check.sh prepares that on a machine without network. Sections:
 - ``copies``: host-to-device and device-to-host GB/s from pinned and pageable
   memory (torch as the ruler) and each as a fraction of the link; ``None``
   without torch and a CUDA device;
-- ``model``: the synthetic GGUF (tools/synth_gguf.py) and how long it took;
+- ``model``: the synthetic GGUF (installers/gpu/synth_gguf.py) and how long it took;
 - ``bench``: ``warmstart bench --json`` on it with every layer offloaded
   (cold, RAM-hit and disk-hit TTFT, restore GB/s, start to first token);
 - ``seconds``: each phase; ``errors``: any section that failed, by name (the
   report is written whatever fails, so one run says as much as it can).
 
-    python tools/gpu_check.py --out report.json [--geometry llama-8b] [--no-bench]
+    python installers/gpu/gpu_check.py --out report.json [--geometry llama-8b] [--no-bench]
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools.synth_gguf, run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # installers.gpu, run as a script
 
-from tools.synth_gguf import GEOMETRIES, write
+from installers.gpu.synth_gguf import GEOMETRIES, write
 
 COPY_BYTES = 256 << 20  # large enough that fixed costs vanish at PCIe 5 speeds
 

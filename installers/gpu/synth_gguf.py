@@ -7,7 +7,7 @@ file is written in seconds), and a SentencePiece-style vocabulary of the 256 byt
 tokens plus <unk>, <s> and </s>, so any text tokenizes. The replies are noise; the
 timings are those of a real model of that size.
 
-    python tools/synth_gguf.py OUT.gguf [--geometry llama-8b|tiny]
+    python installers/gpu/synth_gguf.py OUT.gguf [--geometry llama-8b|tiny]
 """
 
 from __future__ import annotations
