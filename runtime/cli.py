@@ -174,6 +174,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     mm = ModelManager(settings.models_dir)
     if args.action == "pull":
         print(mm.pull(args.name))
+    elif args.action == "rm":
+        for path in mm.rm(args.name):
+            print(f"removed {path}")
     elif args.available:
         _print_available(settings, {str(m["name"]) for m in mm.list()})
     else:
@@ -271,8 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?")
     p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
-    p = command("models", cmd_models, "pull or list models")
-    p.add_argument("action", choices=["pull", "list"])
+    p = command("models", cmd_models, "pull, list or remove models")
+    p.add_argument("action", choices=["pull", "list", "rm"])
     p.add_argument("name", nargs="?", default="default")
     p.add_argument(
         "--available", action="store_true", help="list: the catalogue, marking what fits here"
