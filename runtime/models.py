@@ -126,7 +126,9 @@ class ModelManager:
         url = f"{self.pypi_url}/{known.project}/"
         accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
         try:
-            reply = httpx.get(url, headers=accept, timeout=30, follow_redirects=True)
+            reply = httpx.get(
+                url, headers=accept, timeout=30, follow_redirects=True, verify=_pull.tls()
+            )
             reply.raise_for_status()
             files = reply.json()["files"]
         except httpx.HTTPError as exc:

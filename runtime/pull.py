@@ -13,10 +13,12 @@ import hashlib
 import logging
 import os
 import shutil
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import certifi
 import httpx
 from tqdm import tqdm
 
@@ -25,6 +27,15 @@ from .errors import ModelError
 log = logging.getLogger(__name__)
 SPACE_MARGIN = 256 << 20  # left free on the disk after the download: the cache lives there too
 BLOCK = 1 << 20
+
+
+def tls() -> ssl.SSLContext:
+    """The system's trust store (what pip and curl trust, corporate proxies' CAs
+    included) plus certifi's, for Pythons that ship without one; httpx alone would
+    trust certifi's only."""
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(certifi.where())
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ def url_source(url: str) -> Source:
     if not filename.endswith(".gguf"):
         raise ModelError(f"{url}: expected a URL ending in FILE.gguf")
     try:
-        head = httpx.head(url, follow_redirects=True, timeout=30)
+        head = httpx.head(url, follow_redirects=True, timeout=30, verify=tls())
         head.raise_for_status()
     except httpx.HTTPStatusError as exc:
         raise ModelError(f"{url}: {exc.response.status_code} from the server") from exc
@@ -125,7 +136,7 @@ def _fetch(source: Source, part: Path, have: int, show: bool) -> None:
     try:
         with (
             httpx.stream(
-                "GET", source.url, headers=headers, follow_redirects=True, timeout=60
+                "GET", source.url, headers=headers, follow_redirects=True, timeout=60, verify=tls()
             ) as r,
             part.open("r+b" if have else "wb") as f,
         ):
