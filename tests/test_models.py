@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -34,29 +32,23 @@ def test_local_paths_and_bad_files(tmp_path: Path, model_path: Path) -> None:
 
 
 def test_hub_reference(tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf:OWNER/REPO/FILE.gguf is fetched once into the models directory (from a local
+    imitation of the hub: HF_ENDPOINT), and an unreachable hub is a ModelError."""
+    from tests.hubfake import Hub, serve_hub
+
     manager = ModelManager(tmp_path)
     with pytest.raises(ModelNotFound, match="OWNER/REPO/FILE"):
         manager.resolve("hf:just-a-name")
-    calls = []
-
-    def fake_download(repo: str, filename: str, cache_dir: str) -> str:
-        calls.append((repo, filename, cache_dir))
-        return str(model_path)
-
-    monkeypatch.setitem(
-        sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=fake_download)
-    )
-    assert manager.resolve("hf:someone/some-repo/model.Q4.gguf") == model_path
-    assert calls == [("someone/some-repo", "model.Q4.gguf", str(tmp_path / "hf"))]
-
-    def offline(*_a: object, **_k: object) -> str:
-        raise OSError("no network")
-
-    monkeypatch.setitem(
-        sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=offline)
-    )
-    with pytest.raises(ModelError, match="could not fetch"):
-        manager.resolve("hf:someone/some-repo/model.Q4.gguf")
+    with serve_hub(Hub()) as hub:
+        hub.add_hub_file("someone/some-repo", "model.Q4.gguf", model_path.read_bytes())
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        path = manager.resolve("hf:someone/some-repo/model.Q4.gguf")
+        assert path == tmp_path / "model.Q4.gguf" and file_sha256(path) == DEFAULT.sha256
+        assert manager.resolve("hf:someone/some-repo/model.Q4.gguf") == path
+        assert len(hub.ranges) == 1  # fetched once
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(ModelError, match="offline or unreachable"):
+        manager.resolve("hf:someone/some-repo/other.Q4.gguf")
 
 
 def test_digest_cache_hashes_once(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from . import _kvblob
 from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
 from ._prompt import PromptTokenizer
 from ._sampling import Sampler
-from ._template import ChatTemplate
+from ._template import template_for
 
 log = logging.getLogger(__name__)
 CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
@@ -140,12 +140,13 @@ class Engine:
         self.residents = [Resident(seq) for seq in range(n_seq)]
         self.evictions = 0  # conversations pushed out of the live context
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
-        self.template = ChatTemplate(
-            self.model.chat_template(),
+        self.prompter = PromptTokenizer(self.model)
+        self.template = template_for(
+            self.model,
+            self.prompter,
             self.bos_text,
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
-        self.prompter = PromptTokenizer(self.model)
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -199,7 +200,10 @@ class Engine:
         system = [m for m in request.messages[:1] if m.role == "system"]
         if not system or len(request.messages) < 2:
             return ids, 0
-        head = self.prompter.ids(self.template.render_parts(system, add_generation_prompt=False))
+        head_parts = self.template.render_parts(system, add_generation_prompt=False)
+        if not head_parts:  # templates such as Gemma's put the system text in the first user turn
+            return ids, 0
+        head = self.prompter.ids(head_parts)
         anchor = len(head) if ids[: len(head)] == head else 0
         return ids, anchor
 

@@ -133,6 +133,32 @@ class LlamaModel:
             self.ptr = None
 
 
+def builtin_chat_templates() -> list[str]:
+    """The names of the chat templates llama.cpp has built in ("gemma", "llama3", ...)."""
+    n = int(ll.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * n)()
+    ll.llama_chat_builtin_templates(names, n)
+    return [name.decode() for name in names if name]
+
+
+def apply_builtin_template(name: str, turns: list[tuple[str, str]], add_generation: bool) -> str:
+    """``turns`` ((role, content) pairs) rendered by llama.cpp's built-in template ``name``."""
+    keep = [(role.encode(), content.encode()) for role, content in turns]
+    chat = (ll.llama_chat_message * max(len(keep), 1))()
+    for i, (role, content) in enumerate(keep):
+        chat[i].role, chat[i].content = role, content
+    cap = 2 * sum(len(r) + len(c) for r, c in keep) + 256
+    for _ in range(2):  # a second call when the first buffer was too small
+        buf = ctypes.create_string_buffer(cap)
+        n = ll.llama_chat_apply_template(name.encode(), chat, len(keep), add_generation, buf, cap)
+        if n < 0:
+            raise ModelError(f"llama.cpp does not know the chat template {name!r}")
+        if n <= cap:
+            return buf.raw[:n].decode("utf-8")
+        cap = n
+    raise EngineError(f"the chat template {name!r} kept growing")
+
+
 @dataclass(frozen=True)
 class ContextConfig:
     n_ctx: int  # KV cells of every stream together: n_seq_max streams of n_ctx / n_seq_max

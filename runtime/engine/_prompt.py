@@ -81,6 +81,11 @@ class PromptTokenizer:
     def has_control_text(self, text: str) -> bool:
         return bool(self._split and self._split.search(text))
 
+    def control_ids(self, text: str) -> list[int]:
+        """The control tokens that ``text``, read as trusted markup, holds."""
+        matches = self._split.finditer(text) if self._split else ()
+        return [self._specials[m.group()][0] for m in matches]
+
     def chat_ids(self, parts: Sequence[Part], messages: Sequence[Message]) -> list[int]:
         """Ids of a rendered chat. When the template could not be split into markup
         and contents (one trusted part), a content holding control-token text is

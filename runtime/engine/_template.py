@@ -1,4 +1,5 @@
-"""Chat messages -> prompt text, with the chat template stored in the GGUF.
+"""Chat messages -> prompt text, with the chat template stored in the GGUF, or, when
+the GGUF has none, the one of llama.cpp's built-in templates its architecture uses.
 
 ``render_parts`` also says which text is the template's own markup (trusted: its
 control tokens are parsed) and which is message content (plain text, so that
@@ -9,22 +10,34 @@ never becomes a control token).
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ModelError, RequestError
 from ..types import Message
+from ._llama import apply_builtin_template
 
-# Used when a GGUF carries no template: ChatML is what most small instruct models expect.
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+log = logging.getLogger(__name__)
+
+# llama.cpp's built-in template for each architecture whose GGUFs sometimes come
+# without a template (``general.architecture`` -> template name). A guess is checked
+# before use (see template_for): the turn must end with a token the model stops at.
+BUILTIN_BY_ARCHITECTURE = {
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3n": "gemma",
+    "llama": "llama3",  # Llama 3.x; a Llama 2 vocabulary has no <|eot_id|> and is refused
+    "qwen2": "chatml",
+    "qwen3": "chatml",
+    "phi3": "phi3",
+    "mistral3": "mistral-v7-tekken",
+}
 
 
 # Stand-ins for message contents while rendering: private-use characters no template
@@ -42,12 +55,16 @@ def _raise(message: str) -> None:
 class ChatTemplate:
     """Renders messages the way the model was trained to read them."""
 
+    name = "the GGUF's own"
+
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
+        if source is None:
+            raise ModelError("the model has no chat template")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         try:
-            self._template = env.from_string(source or CHATML)
+            self._template = env.from_string(source)
         except TemplateError as exc:
             raise ModelError(f"the model's chat template does not parse: {exc}") from exc
         self._bos = bos_token
@@ -103,3 +120,65 @@ class ChatTemplate:
             )
         except TemplateError as exc:
             raise RequestError(f"the chat template failed on these messages: {exc}") from exc
+
+
+class BuiltinTemplate(ChatTemplate):
+    """One of llama.cpp's built-in templates, by name (for GGUFs that carry none)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._render([{"role": "user", "content": "x"}], True)  # an unknown name fails here
+
+    def _render(self, payload: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        turns = [(m["role"], m["content"]) for m in payload]
+        return apply_builtin_template(self.name, turns, add_generation_prompt)
+
+
+class TemplateModel(Protocol):
+    """What choosing a template needs to know of a model."""
+
+    def chat_template(self) -> str | None: ...
+
+    def meta(self, key: str) -> str | None: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+class ControlTokens(Protocol):
+    def control_ids(self, text: str) -> list[int]: ...
+
+
+def template_for(
+    model: TemplateModel, tokens: ControlTokens, bos_token: str, eos_token: str
+) -> ChatTemplate:
+    """The GGUF's own template; else llama.cpp's built-in one for its architecture,
+    if the model stops at the end of that template's turns (else another family's
+    end marker would be written into the replies); else a clear refusal."""
+    source = model.chat_template()
+    if source is not None:
+        return ChatTemplate(source, bos_token, eos_token)
+    arch = model.meta("general.architecture") or "unknown"
+    name = BUILTIN_BY_ARCHITECTURE.get(arch)
+    if name is None:
+        raise ModelError(
+            f"the model has no chat template and warmstart knows none for its "
+            f"architecture {arch!r}; use a GGUF that carries its chat template"
+        )
+    template = BuiltinTemplate(name)
+    end = end_of_turn(template)
+    if not any(model.is_eog(t) for t in tokens.control_ids(end)):
+        raise ModelError(
+            f"the model has no chat template, and the {name!r} template its architecture "
+            f"({arch}) usually has ends turns with {end.strip()!r}, which this model does "
+            "not stop at; use a GGUF that carries its chat template"
+        )
+    log.info("the model has no chat template: using llama.cpp's %r for %s", name, arch)
+    return template
+
+
+def end_of_turn(template: ChatTemplate) -> str:
+    """The markup a template writes after an assistant's reply."""
+    reply = "\ue002"
+    turns = [Message("user", "q"), Message("assistant", reply)]
+    text = template.render(turns, add_generation_prompt=False)
+    return text[text.rindex(reply) + len(reply) :]

@@ -1,6 +1,6 @@
 """The policy: pure functions from the machine and the model to the runtime's thresholds."""
 
-from ._choose import choose
+from ._choose import choose, host_reserve, vram_reserve
 from ._decide import Decision, decide_restore, estimate_recompute_ms
 from ._fixed import fixed_tuning
 from ._rates import choose_zstd_level, estimate_rates, rates_from
@@ -17,5 +17,7 @@ __all__ = [
     "estimate_rates",
     "estimate_recompute_ms",
     "fixed_tuning",
+    "host_reserve",
     "rates_from",
+    "vram_reserve",
 ]
