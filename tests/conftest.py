@@ -25,6 +25,15 @@ SYSTEM = Message(
 SHARED_VERDICTS = MODELS_DIR.parent / "extra_buffers.json"
 
 
+@pytest.fixture
+def clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Settings from defaults only: no WARMSTART_ variable and no config file."""
+    for name in list(os.environ):
+        if name.startswith("WARMSTART_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """SmolLM2-135M from its PyPI wheel, verified; shared by every test run here."""

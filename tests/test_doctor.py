@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-from pathlib import Path
 
 import pytest
 from warmstart.runtime.doctor import ProgressLine, doctor_report, render_doctor
@@ -22,12 +20,7 @@ REQUIRED = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMSTART_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+pytestmark = pytest.mark.usefixtures("clean_settings")
 
 
 def _report(profile: HardwareProfile, measured: bool, reused: bool | None = None) -> dict:

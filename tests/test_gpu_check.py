@@ -4,7 +4,6 @@ llama.cpp on the CPU, and the report has its shape with the GPU parts absent."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,12 +18,7 @@ REPORT_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMSTART_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+pytestmark = pytest.mark.usefixtures("clean_settings")
 
 
 def test_the_8b_geometry_is_llama_3_8b() -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,7 @@ from warmstart.runtime.factory import layout_from_json, layout_to_json
 
 from tests.conftest import chat, small_settings
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMSTART_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_settings")]
 
 
 def test_a_calibrated_start_measures_no_kv_layout(

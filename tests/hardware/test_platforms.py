@@ -29,13 +29,7 @@ from warmstart.runtime.settings import load_settings
 
 from tests.hardware.machines import LLAMA_8B, MAC_M2, WINDOWS, calibration_for
 
-
-@pytest.fixture(autouse=True)
-def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMSTART_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+pytestmark = pytest.mark.usefixtures("clean_settings")
 
 
 def test_probe_without_sysfs_proc_or_device_numbers(

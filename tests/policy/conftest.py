@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMSTART_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+def _clean(clean_settings: None) -> None:
+    """Every policy test reads settings from nothing but its own arguments."""
