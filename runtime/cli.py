@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import sys
 import types
 import typing
@@ -225,12 +227,25 @@ def run_app(app_args: list[str]) -> int:
 
 
 # the parser ----------------------------------------------------------------------------------
+def _version() -> str:
+    try:
+        return importlib.metadata.version("warmstart")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def _needs_id(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.action in ("show", "delete") and not args.id:
+        parser.error(f"sessions {args.action}: give the conversation's id")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="warmstart",
         description=("A local assistant that never prefills the same prefix twice."),
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("--version", action="version", version=f"warmstart {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(
@@ -257,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_flags(command("chat", cmd_chat, "chat interactively; conversations persist"))
     p = command("sessions", cmd_sessions, "list, show or delete conversations")
     p.add_argument("action", choices=["list", "show", "delete"])
-    p.add_argument("id", nargs="?")
+    p.add_argument("id", nargs="?", help="the conversation (show and delete)")
+    p.set_defaults(check=lambda args, p=p: _needs_id(p, args))
     p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
     p = command("models", cmd_models, "pull or list models")
@@ -285,16 +301,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app"] and argv[1:2] not in (["-h"], ["--help"]):
         return run_app(argv[1:])  # every option after `app` is the app's own
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "check", None) is not None:
+        args.check(args)  # a usage error argparse cannot express: exits 2 like one
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
+        return code
     except WarmstartError as exc:
         print(f"warmstart: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of our output went away (``| head``): it asked for less, which is not
+    an error. stdout is pointed at /dev/null so that the interpreter's final flush
+    does not raise again (the recipe of Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 if __name__ == "__main__":

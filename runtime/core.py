@@ -124,6 +124,7 @@ class LocalRuntime:
         self._waiting: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
+        self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._idle = threading.Event()
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -290,18 +291,26 @@ class LocalRuntime:
         row = self.book.get(session_id)
         return self._info(row) if row else None
 
-    def prewarm(self, session_id: str) -> int:
+    def prewarm(self, session_id: str, stop: threading.Event | None = None) -> int:
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
-        return self.store.promote(self.store.chain(row.leaf), make_room=False)
+        return self.store.promote(self.store.chain(row.leaf), make_room=False, stop=stop)
 
-    def prewarm_recent(self, n: int) -> int:
-        """Promotes the most recent conversations to RAM (run off the request path)."""
+    def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
+        """Promotes the most recent conversations to RAM (run off the request path);
+        ``stop`` set (by close()) ends it between two chunks."""
         total = 0
         for row in self.book.list(limit=n):
-            total += self.prewarm(row.id)
+            if stop is not None and stop.is_set():
+                break
+            total += self.prewarm(row.id, stop)
         return total
+
+    def add_background(self, thread: threading.Thread, stop: threading.Event) -> None:
+        """A helper thread that uses the store or the book: close() sets ``stop`` and
+        joins it before closing them (a short command may finish before it does)."""
+        self._background.append((thread, stop))
 
     def delete_session(self, session_id: str) -> bool:
         row = self.book.get(session_id)
@@ -380,6 +389,11 @@ class LocalRuntime:
                 return
             self._closing = True
             self._cv.notify()
+        for _, stop in self._background:
+            stop.set()
+        for thread, _ in self._background:
+            if thread.ident is not None:  # started
+                thread.join()
         self._worker.join()
         if self.store is not None:
             self.store.flush()

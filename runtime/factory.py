@@ -112,16 +112,20 @@ def open_runtime(
 
 def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:
     """Promotes the most recent conversations from disk to RAM in the background:
-    the first request never waits for it (the store's locks keep both consistent)."""
+    the first request never waits for it (the store's locks keep both consistent).
+    The runtime's close() stops it and waits for it before closing the store."""
+    stop = threading.Event()
 
     def run() -> None:
         try:
-            tokens = rt.prewarm_recent(n)
+            tokens = rt.prewarm_recent(n, stop)
             log.info("prewarmed %d tokens of the %d most recent conversations", tokens, n)
         except Exception:  # prewarm is an optimisation: never take the runtime down
-            log.exception("prewarm failed")
+            if not stop.is_set():  # closing under it is expected, not a failure
+                log.exception("prewarm failed")
 
     thread = threading.Thread(target=run, name="prewarm", daemon=True)
+    rt.add_background(thread, stop)
     thread.start()
     return thread
 

@@ -50,6 +50,8 @@ class _TomlSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         path = default_config_file()
         if not path.is_file():
+            if os.environ.get("WARMSTART_CONFIG"):  # named on purpose: its absence is a mistake
+                raise ConfigError(f"WARMSTART_CONFIG: no config file at {path}")
             return {}
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -261,12 +261,19 @@ class TieredStore:
                 n += 1
         return n
 
-    def promote(self, records: Sequence[Record], make_room: bool = True) -> int:
+    def promote(
+        self,
+        records: Sequence[Record],
+        make_room: bool = True,
+        stop: threading.Event | None = None,
+    ) -> int:
         """Brings disk-only chunks into the pool (off the request path); returns tokens
         promoted. Without ``make_room`` (prewarm) it stops at the high watermark rather
-        than demote chunks that are warm for a reason."""
+        than demote chunks that are warm for a reason; ``stop`` set ends it early."""
         tokens = 0
         for record in records:
+            if stop is not None and stop.is_set():
+                break
             if record.slot is not None or not record.on_disk or record.key not in self.ledger:
                 continue
             if self.pool is None or (not make_room and self.pool.fill() >= self.high):
