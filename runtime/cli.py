@@ -183,11 +183,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api import serve
+    from .api import bind_listener, serve
 
     settings = settings_from(args)
-    with _open_runtime(settings) as rt:
-        serve(settings, rt)
+    sock = bind_listener(settings)  # a port in use is reported now, not after the load
+    try:
+        with _open_runtime(settings) as rt:
+            serve(settings, rt, sock=sock)
+    finally:
+        sock.close()
     return 0
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import socket
 
 import uvicorn
 
@@ -38,13 +40,52 @@ def check_bind(settings: Settings) -> None:
         )
 
 
-def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> None:
+def bind_listener(settings: Settings) -> socket.socket:
+    """Checks the bind rule and TLS files, then binds host:port: called before the
+    model loads, so that a port in use or an address this machine lacks is reported
+    at once, not after seconds of loading. The socket is bound, not listening:
+    nobody can connect to a server that cannot answer yet."""
+    check_bind(settings)
+    check_tls(settings)
+    host = settings.host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as uvicorn does: a restart must not wait for the old connections' TIME_WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(_bind_problem(settings, exc)) from exc
+    return sock
+
+
+def _bind_problem(settings: Settings, exc: OSError) -> str:
+    where = f"{settings.host}:{settings.port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"port: {where} is already in use (another warmstart?); choose another --port"
+    if exc.errno == errno.EACCES:
+        return f"port: binding {where} is not permitted (ports below 1024 need privileges)"
+    if exc.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME):
+        return f"host: {settings.host!r} is not an address of this machine"
+    return f"host/port: cannot bind {where}: {exc.strerror or exc}"
+
+
+def serve(
+    settings: Settings,
+    runtime: Runtime,
+    *,
+    log_level: str = "info",
+    sock: socket.socket | None = None,
+) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
 
-    Raises ConfigError before binding anything when the bind rule is broken."""
-    check_bind(settings)
-    check_tls(settings)
+    ``sock`` comes from bind_listener() (called before loading the model); without it
+    the checks and the bind happen here. Raises ConfigError before serving anything
+    when the bind rule is broken or the address cannot be bound."""
+    if sock is None:
+        sock = bind_listener(settings)
     app = create_app(settings, runtime)
     limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
     config = uvicorn.Config(
@@ -71,7 +112,7 @@ def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> N
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         runtime.close()
 
