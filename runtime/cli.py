@@ -13,6 +13,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._private import restrict_umask
@@ -159,14 +160,29 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    if args.action == "clear":
+        _clear_cache_dir(settings.effective_cache_dir)
+        print("cache cleared")
+        return 0
     with _open_runtime(settings) as rt:
-        if args.action == "clear":
-            if rt.store is not None:
-                rt.store.clear()
-            print("cache cleared")
-        else:
-            print(json.dumps(rt.stats(), indent=2))
+        print(json.dumps(rt.stats(), indent=2))
     return 0
+
+
+def _clear_cache_dir(cache_dir: Path) -> None:
+    """Deletes the cache's files whatever state they are in (a damaged index too) and
+    loads no model; sessions and calibration live elsewhere and stay."""
+    from ._private import private_dir
+    from .errors import DiskUnavailable
+    from .kvstore._disk import reset_directory
+
+    if not cache_dir.exists():
+        return
+    private_dir(cache_dir, "cache_dir")  # never empty a directory that is not ours
+    try:
+        reset_directory(cache_dir)
+    except OSError as exc:
+        raise DiskUnavailable(f"cannot clear the cache in {cache_dir}: {exc}") from exc
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._llama import LlamaModel
-from .errors import Busy, ContextOverflow, RequestError
+from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
 from .kvstore._disk import DiskTier
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
@@ -135,10 +135,26 @@ class LocalRuntime:
         if s.no_cache:
             return None
         pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens))
-        disk = DiskTier(
-            s.effective_cache_dir, self.engine.fingerprint, t.zstd_level, t.disk_budget_bytes
+
+        def open_disk() -> DiskTier:
+            fp = self.engine.fingerprint
+            return DiskTier(s.effective_cache_dir, fp, t.zstd_level, t.disk_budget_bytes)
+
+        disk, problem = None, None
+        try:
+            disk = open_disk()
+        except DiskUnavailable as exc:  # degrade, never die: RAM only until it comes back
+            problem = str(exc)
+        return TieredStore(
+            self.engine.fingerprint,
+            pool,
+            disk,
+            t.high_watermark,
+            t.low_watermark,
+            reopen=open_disk,
+            disk_problem=problem,
+            retry_s=s.disk_retry_s,
         )
-        return TieredStore(self.engine.fingerprint, pool, disk, t.high_watermark, t.low_watermark)
 
     # requests ------------------------------------------------------------------------------
     def _validate(self, request: Request) -> None:
@@ -358,6 +374,7 @@ class LocalRuntime:
                 bytes=disk["used_bytes"],
                 kv_bytes=disk["kv_bytes"],
                 degraded=disk["degraded"],
+                degraded_reason=disk["degraded_reason"],
             )
             out["store"] = store
         with self._cv:
@@ -382,6 +399,13 @@ class LocalRuntime:
 
     def settings_report(self) -> dict[str, dict[str, Any]]:
         return self.tuning.report()
+
+    def degraded(self) -> dict[str, str]:
+        """What runs in a reduced mode now, and why (cheap: /health asks it)."""
+        store = self.store
+        if store is not None and store.disk_degraded:
+            return {"disk": store.degraded_reason or "the disk tier is off"}
+        return {}
 
     def close(self) -> None:
         with self._cv:

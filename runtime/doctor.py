@@ -122,9 +122,18 @@ def _settings_lines(settings: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _cache_dir_lines(report: dict[str, Any]) -> list[str]:
+    cache = report["hardware"].get("cache_dir")
+    if not cache:
+        return []
+    if cache["problem"] is None:
+        return [f"  cache dir: {cache['path']} (writable)"]
+    return [f"  cache dir: NOT USABLE, the cache runs from RAM only: {cache['problem']}"]
+
+
 def render_doctor(report: dict[str, Any]) -> str:
     """The report from :func:`doctor_report` as text, one figure or threshold a line."""
-    parts = ["Hardware", *_hardware_lines(report["hardware"])]
+    parts = ["Hardware", *_hardware_lines(report["hardware"]), *_cache_dir_lines(report)]
     parts += ["", "Calibration", *_calibration_lines(report["calibration"])]
     parts += ["", "Settings", *_settings_lines(report["settings"])]
     return "\n".join(parts) + "\n"

@@ -14,6 +14,7 @@ from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
 from .engine._engine import Engine, EngineConfig, fingerprint_of
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
+from .kvstore._disk import directory_problem
 from .policy import Tuning, choose, rates_from
 from .settings import Settings
 
@@ -76,7 +77,10 @@ class Plan:
 def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None = None) -> Plan:
     """Probe, calibration (cached per machine and model) and the policy's choice."""
     cache_dir = settings.effective_cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # the store says it once and runs from RAM; calibration copes
+        log.debug("cannot create %s: %s", cache_dir, exc)
     profile = probe(cache_dir)
     target = _CalibrationTarget(loaded, settings)
     try:
@@ -140,5 +144,10 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
     report = doctor_report(
         chosen.profile, chosen.calibration, chosen.tuning, calibration_reused=chosen.reused
     )
+    cache_dir = settings.effective_cache_dir
+    report["hardware"]["cache_dir"] = {
+        "path": str(cache_dir),
+        "problem": directory_problem(cache_dir),  # None: the disk tier can write there
+    }
     print(json.dumps(report, indent=2) if as_json else render_doctor(report))
     return 0

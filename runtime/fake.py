@@ -235,6 +235,9 @@ class FakeRuntime:
         }
         return {name: {"value": value, "reason": reason} for name, value in values.items()}
 
+    def degraded(self) -> dict[str, str]:
+        return {}
+
     def close(self) -> None:
         """Stops the worker; replies still pending end as cancelled. Idempotent."""
         with self._cond:

@@ -27,6 +27,8 @@ class Runtime(Protocol):
       drops chunks no other conversation uses; returns False when unknown.
     - ``stats()`` returns a JSON-able dict of counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
+    - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
+      disk tier off: RAM only); empty when all is well. Cheap: /health calls it.
     - ``close()`` stops the worker and flushes the disk tier; idempotent.
     """
 
@@ -48,5 +50,7 @@ class Runtime(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     def settings_report(self) -> dict[str, dict[str, Any]]: ...
+
+    def degraded(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...

@@ -122,6 +122,13 @@ class Settings(BaseSettings):
     zstd_level: int | None = Field(None, ge=0, le=19, description="disk compression, 0 = raw")
     prewarm_sessions: int | None = Field(None, ge=0, le=1000, description="chats warmed at start")
     recalibrate: bool = Field(False, description="measure this machine again")
+    disk_retry_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds between attempts to bring back a disk tier that could not be "
+        "written (full, read-only, damaged); meanwhile the cache runs from RAM",
+    )
 
     # the HTTP API
     host: str = Field("127.0.0.1", description="address to bind")

@@ -115,8 +115,14 @@ def build_service_router() -> APIRouter:
 
     @router.get("/health")
     def health(request: Request) -> dict[str, Any]:
-        """Liveness; open without an API key."""
-        return {"status": "ok", "model": state(request).runtime.model_id}
+        """Liveness; open without an API key. ``degraded`` names what runs in a reduced
+        mode (the disk tier off: replies go on from RAM), and why."""
+        runtime = state(request).runtime
+        out: dict[str, Any] = {"status": "ok", "model": runtime.model_id}
+        degraded = runtime.degraded()
+        if degraded:
+            out["degraded"] = degraded
+        return out
 
     @router.get("/metrics", response_class=Response)
     def metrics(request: Request) -> Response:
