@@ -239,7 +239,8 @@ class Job:
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
-        self.reply = text.text
+        # cut short, the turn keeps what its reader took (was shown), not what was decoded
+        self.reply = self.stream.delivered if finish == "cancelled" else text.text
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
@@ -297,6 +298,7 @@ class Job:
             return
         messages = self.request.messages
         if self.reply is not None:
-            messages = (*messages, Message("assistant", self.reply))
+            cut = self.report.finish_reason == "cancelled"
+            messages = (*messages, Message("assistant", self.reply, interrupted=cut))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None
         book.save(sid, messages, n_tokens, fingerprint, leaf)

@@ -75,14 +75,23 @@ def _open_runtime(settings: Settings) -> LocalRuntime:
 
 
 def _print_reply(stream: Any) -> Any:
+    """Prints the reply as it comes. Ctrl-C stops the generation (the runtime sees the
+    cancel at its next token) and keeps the turn with the text shown so far."""
     from .types import Done, Token
 
     report = None
-    for event in stream:
-        if isinstance(event, Token):
-            print(event.text, end="", flush=True)
-        elif isinstance(event, Done):
-            report = event.report
+    try:
+        for event in stream:
+            if isinstance(event, Token):
+                print(event.text, end="", flush=True)
+            elif isinstance(event, Done):
+                report = event.report
+    except KeyboardInterrupt:
+        stream.cancel()
+        # the rest is read, not shown: what was decoded after the key press is dropped
+        report = next((e.report for e in stream if isinstance(e, Done)), None)
+        print("\n[interrupted]", file=sys.stderr)
+        return report
     print()
     if report is not None:
         print(f"[{report.summary()}]", file=sys.stderr)
@@ -103,7 +112,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         sampling = Sampling(
             temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
         )
-        _print_reply(
+        report = _print_reply(
             rt.generate(
                 Request(
                     messages=tuple(messages),
@@ -113,7 +122,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 )
             )
         )
-    return 0
+    return 130 if report is not None and report.finish_reason == "cancelled" else 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -147,7 +156,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
                 print(f"no session {args.id}", file=sys.stderr)
                 return 1
             for m in found.messages:
-                print(f"{m.role}: {m.content}\n")
+                print(f"{m.role}: {m.content}" + (" [interrupted]" if m.interrupted else ""))
+                print()
         elif args.action == "delete":
             with _open_runtime(settings) as rt:
                 ok = rt.delete_session(args.id or "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -125,6 +126,7 @@ class LocalRuntime:
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
         self._background: list[tuple[threading.Thread, threading.Event]] = []
+        self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
         self._idle = threading.Event()
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -202,6 +204,7 @@ class LocalRuntime:
             derived_session_id(request.messages) if request.messages else None
         )
         stream = QueueStream()
+        self._streams.add(stream)
         with self._cv:
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
@@ -406,6 +409,12 @@ class LocalRuntime:
         if store is not None and store.disk_degraded:
             return {"disk": store.degraded_reason or "the disk tier is off"}
         return {}
+
+    def cancel_all(self) -> None:
+        """Ends every reply in progress as cancelled (a server shutting down): each
+        stream still gets its Done, so its client gets a last event."""
+        for stream in list(self._streams):
+            stream.cancel()
 
     def close(self) -> None:
         with self._cv:

@@ -238,6 +238,12 @@ class FakeRuntime:
     def degraded(self) -> dict[str, str]:
         return {}
 
+    def cancel_all(self) -> None:
+        with self._cond:
+            jobs = [*self._active, *self._waiting]
+        for job in jobs:
+            job.stream.cancel()
+
     def close(self) -> None:
         """Stops the worker; replies still pending end as cancelled. Idempotent."""
         with self._cond:

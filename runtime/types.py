@@ -15,6 +15,9 @@ FinishReason = Literal["stop", "length", "cancelled"]
 class Message:
     role: Role
     content: str
+    # an assistant turn cut short (Ctrl-C, a client that left): ``content`` is what
+    # was shown; kept with the session, never sent to the model
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)

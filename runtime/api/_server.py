@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
+import signal
 import socket
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 
@@ -111,10 +116,53 @@ def serve(
     notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
+    server = _Server(config, on_exit=runtime.cancel_all)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        with _sigterm_returns():
+            server.run(sockets=[sock])
+    except _Terminated:
+        log.info("stopped by SIGTERM")
     finally:
-        runtime.close()
+        runtime.close()  # flushes the caches and checkpoints the databases
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends the replies in flight at the first signal: each
+    stream gets its last event and [DONE] at once, instead of being cut (with a
+    CancelledError traceback) when the graceful-shutdown timeout runs out."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            log.info("shutting down: ending the replies in progress")
+            self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: leave serve() through its cleanup, not by dying."""
+
+
+@contextlib.contextmanager
+def _sigterm_returns() -> Iterator[None]:
+    """uvicorn re-raises the signal that stopped it once it has shut down; for
+    SIGTERM the default action kills the process before the runtime is closed (lost
+    chunks, a WAL left behind). This handler turns it into an exception instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(_sig: int, _frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_tls(settings: Settings) -> None:
