@@ -60,7 +60,10 @@ class Job:
         stream: QueueStream,
         session_id: str | None,
         want_logits: bool = False,
+        history: tuple[Message, ...] | None = None,
     ) -> None:
+        """``history``: the whole conversation when ``request`` holds only the turns
+        that fit the context; the session keeps all of it."""
         self.env, self.request, self.ids, self.anchor = env, request, ids, anchor
         self.want_logits = want_logits
         self.logits: np.ndarray | None = None
@@ -70,6 +73,7 @@ class Job:
         self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
+        self.history = history
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
@@ -296,7 +300,7 @@ class Job:
         book, sid = self.env.sessions, self.report.session_id
         if book is None or sid is None:
             return
-        messages = self.request.messages
+        messages = self.history if self.history is not None else self.request.messages
         if self.reply is not None:
             cut = self.report.finish_reason == "cancelled"
             messages = (*messages, Message("assistant", self.reply, interrupted=cut))

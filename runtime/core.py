@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -197,23 +197,56 @@ class LocalRuntime:
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
         self._check_room()
-        ids, anchor = self.engine.prompt_ids(request)
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
+        # named by the whole conversation, before any trimming
         session_id = request.session_id or (
             derived_session_id(request.messages) if request.messages else None
         )
+        whole = request.messages
+        ids, anchor = self.engine.prompt_ids(request)
+        request, ids, anchor, trimmed = self._fit(request, ids, anchor)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
         stream = QueueStream()
         self._streams.add(stream)
         with self._cv:
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
-            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits)
+            history = whole if trimmed else None
+            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits, history)
+            job.report.trimmed_messages = trimmed
             self._waiting.append(job)
             self._idle.clear()
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
+
+    def _fit(
+        self, request: Request, ids: list[int], anchor: int
+    ) -> tuple[Request, list[int], int, int]:
+        """With ``overflow = trim``, a conversation that leaves less than max_tokens of
+        room loses its earliest turns: the system prompt and the most recent turns that
+        fit stay (the kept part starts at a user turn). Returns the request to run,
+        its ids and anchor, and how many messages were left out."""
+        limit = self.n_ctx - request.sampling.max_tokens
+        messages = request.messages
+        if self.settings.overflow != "trim" or not messages or len(ids) <= limit:
+            return request, ids, anchor, 0
+        head = 1 if messages[0].role == "system" else 0
+        starts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
+        best: tuple[Request, list[int], int, int] | None = None
+        lo, hi = 0, len(starts) - 1
+        while lo <= hi:  # fewer turns, fewer tokens: the earliest start that fits
+            mid = (lo + hi) // 2
+            kept = replace(request, messages=messages[:head] + messages[starts[mid] :])
+            kept_ids, kept_anchor = self.engine.prompt_ids(kept)
+            if len(kept_ids) <= limit:
+                best, hi = (kept, kept_ids, kept_anchor, starts[mid] - head), mid - 1
+            else:
+                lo = mid + 1
+        if best is None and starts:  # nothing leaves max_tokens: keep the last turn only
+            kept = replace(request, messages=messages[:head] + messages[starts[-1] :])
+            best = (kept, *self.engine.prompt_ids(kept), starts[-1] - head)
+        return best or (request, ids, anchor, 0)
 
     # the worker ----------------------------------------------------------------------------
     def _loop(self) -> None:

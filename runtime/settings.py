@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")
     flash_attn: Literal["auto", "on"] = Field("auto", description="flash attention")
+    overflow: Literal["trim", "error"] = Field(
+        "trim",
+        description="a conversation longer than the context: 'trim' leaves out its earliest "
+        "turns (the system prompt stays), 'error' refuses it (HTTP 400)",
+    )
 
     # the store
     ram_pool_bytes: int | None = Field(None, ge=0, description="size of the RAM pool")
