@@ -142,25 +142,54 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from .sessions import SessionBook
+    """Through the running server when one answers (it owns the store), else on the
+    files: either way no model is loaded."""
+    from .remote import Server
 
     settings = settings_from(args)
+    server = Server.find(settings)
+    if server is None:
+        return _sessions_offline(settings, args)
+    try:
+        if args.action == "list":
+            for s in server.sessions():
+                print(f"{s['id']}  {s['n_tokens']:6d} tok  {s['title']}")
+            return 0
+        if args.action == "show":
+            found = server.session(args.id)
+            if found is None:
+                print(f"warmstart: no session {args.id}", file=sys.stderr)
+                return 1
+            for m in found["messages"]:
+                mark = " [interrupted]" if m.get("interrupted") else ""
+                print(f"{m['role']}: {m['content']}{mark}\n")
+            return 0
+        ok = server.delete_session(args.id)
+        print("deleted" if ok else f"no session {args.id}")
+        return 0 if ok else 1
+    finally:
+        server.close()
+
+
+def _sessions_offline(settings: Settings, args: argparse.Namespace) -> int:
+    from . import offline
+    from .sessions import SessionBook
+
     book = SessionBook(settings.data_dir / "sessions.db")
     try:
         if args.action == "list":
             for row in book.list():
                 print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}")
         elif args.action == "show":
-            found = book.get(args.id or "")
+            found = book.get(args.id)
             if found is None:
-                print(f"no session {args.id}", file=sys.stderr)
+                print(f"warmstart: no session {args.id}", file=sys.stderr)
                 return 1
             for m in found.messages:
                 print(f"{m.role}: {m.content}" + (" [interrupted]" if m.interrupted else ""))
                 print()
-        elif args.action == "delete":
-            with _open_runtime(settings) as rt:
-                ok = rt.delete_session(args.id or "")
+        else:
+            ok = offline.delete_session(settings.effective_cache_dir, book, args.id)
             print("deleted" if ok else f"no session {args.id}")
             return 0 if ok else 1
     finally:
@@ -169,13 +198,33 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    """Through the running server when one answers (its own counters; clearing what
+    it holds), else on the files without loading a model."""
+    from . import offline
+    from .remote import Server
+    from .sessions import SessionBook
+
     settings = settings_from(args)
+    server = Server.find(settings)
+    if server is not None:
+        try:
+            if args.action == "clear":
+                server.clear_cache()
+                print("cache cleared (by the running server)")
+            else:
+                print(json.dumps(server.stats(), indent=2))
+        finally:
+            server.close()
+        return 0
     if args.action == "clear":
         _clear_cache_dir(settings.effective_cache_dir)
         print("cache cleared")
         return 0
-    with _open_runtime(settings) as rt:
-        print(json.dumps(rt.stats(), indent=2))
+    book = SessionBook(settings.data_dir / "sessions.db")
+    try:
+        print(json.dumps(offline.cache_stats(settings.effective_cache_dir, book), indent=2))
+    finally:
+        book.close()
     return 0
 
 

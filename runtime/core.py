@@ -24,7 +24,7 @@ from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._llama import LlamaModel
 from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
-from .kvstore._disk import DiskTier
+from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
 from .kvstore._store import TieredStore
@@ -442,6 +442,17 @@ class LocalRuntime:
         if store is not None and store.disk_degraded:
             return {"disk": store.degraded_reason or "the disk tier is off"}
         return {}
+
+    def clear_cache(self) -> None:
+        """Empties the store; a disk tier that could not even be opened (a damaged
+        index) has its files reset and is tried again at once."""
+        store = self.store
+        if store is None:
+            return
+        store.clear()
+        if store.disk is None:
+            reset_directory(self.settings.effective_cache_dir)
+            store.retry_now()
 
     def cancel_all(self) -> None:
         """Ends every reply in progress as cancelled (a server shutting down): each

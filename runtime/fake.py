@@ -238,6 +238,9 @@ class FakeRuntime:
     def degraded(self) -> dict[str, str]:
         return {}
 
+    def clear_cache(self) -> None:
+        """The fake keeps no KV: nothing to clear."""
+
     def cancel_all(self) -> None:
         with self._cond:
             jobs = [*self._active, *self._waiting]

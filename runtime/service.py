@@ -29,6 +29,8 @@ class Runtime(Protocol):
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
     - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
       disk tier off: RAM only); empty when all is well. Cheap: /health calls it.
+    - ``clear_cache()`` empties the KV cache in every tier (a damaged disk cache is
+      reset); conversations stay.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
       down); each stream still ends with its Done.
     - ``close()`` stops the worker and flushes the disk tier; idempotent.
@@ -56,5 +58,7 @@ class Runtime(Protocol):
     def degraded(self) -> dict[str, str]: ...
 
     def cancel_all(self) -> None: ...
+
+    def clear_cache(self) -> None: ...
 
     def close(self) -> None: ...

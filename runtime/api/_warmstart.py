@@ -42,7 +42,14 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
         "location": info.location,
     }
     if messages:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in info.messages]
+        body["messages"] = [
+            {
+                "role": m.role,
+                "content": m.content,
+                **({"interrupted": True} if m.interrupted else {}),
+            }
+            for m in info.messages
+        ]
     return body
 
 
@@ -93,6 +100,13 @@ def build_router() -> APIRouter:
     def stats(request: Request) -> dict[str, Any]:
         """The runtime's counters and tier usage (runtime.stats())."""
         return state(request).runtime.stats()
+
+    @router.post("/cache/clear")
+    def clear_cache(request: Request) -> dict[str, Any]:
+        """Empties the KV cache (RAM and disk; a damaged disk cache is reset). The
+        conversations stay listed; their next turn is computed again."""
+        state(request).runtime.clear_cache()
+        return {"object": "warmstart.cache.cleared", "cleared": True}
 
     @router.get("/settings")
     def settings(request: Request) -> dict[str, Any]:

@@ -123,6 +123,22 @@ def directory_problem(directory: Path) -> str | None:
     return None
 
 
+def drop_chunks(directory: Path, keys: set[bytes]) -> None:
+    """Deletes these chunks' blobs and index rows, with no model loaded (diskcache
+    opened with the settings it stored: the size budget stays the server's)."""
+    if not keys or not (directory / "index.db").is_file():
+        return
+    blobs = diskcache.Cache(str(directory / "blobs"), disk=ZstdDisk)
+    index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+    try:
+        for key in keys:
+            blobs.delete(key.hex(), retry=True)
+            index.execute("DELETE FROM chunks WHERE key = ?", (key,))
+    finally:
+        blobs.close()
+        index.close()
+
+
 def reset_directory(directory: Path) -> None:
     """Deletes what a DiskTier keeps in ``directory`` (its index and blobs), whatever
     state they are in, and nothing else: `warmstart cache clear` on a damaged cache."""

@@ -115,6 +115,11 @@ class TieredStore:
             )
         self.disk_degraded, self.degraded_reason = True, reason
 
+    def retry_now(self) -> None:
+        """Tries the degraded disk tier again at the writer's next turn."""
+        self._last_try = float("-inf")
+        self._writes.put(("noop", None))
+
     def _maybe_recover(self) -> None:
         """On the writer thread: brings the disk tier back once it can write again,
         and writes through the chunks captured meanwhile (those still in RAM)."""
