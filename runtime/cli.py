@@ -10,12 +10,11 @@ import json
 import logging
 import os
 import sys
-import types
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._flags import add_settings_flags
 from ._private import restrict_umask
 from .errors import WarmstartError
 from .settings import Settings, load_settings
@@ -26,41 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("warmstart")
 
 _DEFAULT_SYSTEM = "You are a helpful, concise assistant."
-
-
-# settings flags, generated from the one schema ------------------------------------------------
-def _flag_type(annotation: Any) -> tuple[Any, bool]:
-    """(converter, is_bool) for a Settings field annotation."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
-    if base is bool:
-        return None, True
-    if typing.get_origin(base) is tuple:
-        return lambda v: tuple(x.strip() for x in v.split(",") if x.strip()), False
-    if typing.get_origin(base) is typing.Literal:
-        return str, False
-    return base, False
-
-
-def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (also WARMSTART_<NAME> or the config file)")
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        conv, is_bool = _flag_type(field.annotation)
-        if is_bool:
-            group.add_argument(
-                flag,
-                dest=name,
-                action="store_const",
-                const=True,
-                default=None,
-                help=field.description,
-            )
-            if field.default is True:  # a setting that is on by default can be turned off
-                no = "--no-" + name.replace("_", "-")
-                group.add_argument(no, dest=name, action="store_const", const=False)
-        else:
-            group.add_argument(flag, dest=name, type=conv, default=None, help=field.description)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -333,15 +297,30 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(fn=fn)
         if settings:
-            add_settings_flags(p)
+            add_settings_flags(p, name)
         return p
 
     def sampling_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--system", default=_DEFAULT_SYSTEM, help="system prompt")
-        p.add_argument("--session", default=None, help="conversation id to continue")
-        p.add_argument("--max-tokens", type=int, default=256)
-        p.add_argument("--temperature", type=float, default=0.0)
-        p.add_argument("--seed", type=int, default=None)
+        g = p.add_argument_group("the conversation and sampling")
+        g.add_argument(
+            "--system", default=_DEFAULT_SYSTEM, help="system prompt (default: %(default)r)"
+        )
+        g.add_argument(
+            "--session", default=None, help="conversation id to continue (default: a new one)"
+        )
+        g.add_argument(
+            "--max-tokens",
+            type=int,
+            default=256,
+            help="longest reply, in tokens (default: %(default)s; at least 1)",
+        )
+        g.add_argument(
+            "--temperature",
+            type=float,
+            default=0.0,
+            help="0 <= value <= 2; 0 is greedy (default: %(default)s)",
+        )
+        g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
     p = command(
         "ask", cmd_ask, "ask one question and print the reply and where its prompt came from"
