@@ -156,11 +156,17 @@ def add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             wanted += list(EXTRA.get(command, ()))
         for name in wanted:
             _add(group, name, Settings.model_fields[name])
+    # The others are accepted and not shown: a script that passes the same settings to
+    # every command keeps working, and --help lists only what the command uses.
+    for name, field in Settings.model_fields.items():
+        if name not in names:
+            _add(parser, name, field, hidden=True)
 
 
-def _add(group: Any, name: str, field: FieldInfo) -> None:
+def _add(group: Any, name: str, field: FieldInfo, hidden: bool = False) -> None:
     flag = "--" + name.replace("_", "-")
     conv, is_bool, choices = _flag_type(field.annotation)
+    shown = argparse.SUPPRESS if hidden else help_for(name, field)
     if is_bool:
         group.add_argument(
             flag,
@@ -168,7 +174,7 @@ def _add(group: Any, name: str, field: FieldInfo) -> None:
             action="store_const",
             const=True,
             default=None,
-            help=help_for(name, field),
+            help=shown,
         )
         if field.default is True:  # a setting that is on by default can be turned off
             group.add_argument(
@@ -176,9 +182,14 @@ def _add(group: Any, name: str, field: FieldInfo) -> None:
                 dest=name,
                 action="store_const",
                 const=False,
-                help=f"turn {flag} off",
+                help=argparse.SUPPRESS if hidden else f"turn {flag} off",
             )
         return
     group.add_argument(
-        flag, dest=name, type=conv, default=None, choices=choices, help=help_for(name, field)
+        flag,
+        dest=name,
+        type=conv,
+        default=None,
+        choices=choices,
+        help=shown,
     )
