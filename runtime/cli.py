@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -93,6 +94,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatLoop
 
     settings = settings_from(args)
+    if sys.stdin.isatty():
+        # input() gains line editing and this session's history (kept in memory only:
+        # the conversation text stays in sessions.db, where `history` governs it)
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401
     with _open_runtime(settings) as rt:
         return ChatLoop(
             rt,
