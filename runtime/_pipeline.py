@@ -60,7 +60,10 @@ class Job:
         stream: QueueStream,
         session_id: str | None,
         want_logits: bool = False,
+        history: tuple[Message, ...] | None = None,
     ) -> None:
+        """``history``: the whole conversation when ``request`` holds only the turns
+        that fit the context; the session keeps all of it."""
         self.env, self.request, self.ids, self.anchor = env, request, ids, anchor
         self.want_logits = want_logits
         self.logits: np.ndarray | None = None
@@ -71,6 +74,7 @@ class Job:
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
         self.background = False  # the client has its answer: what is left can wait
+        self.history = history
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
@@ -245,7 +249,8 @@ class Job:
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
-        self.reply = text.text
+        # cut short, the turn keeps what its reader took (was shown), not what was decoded
+        self.reply = self.stream.delivered if finish == "cancelled" else text.text
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
@@ -301,8 +306,9 @@ class Job:
         book, sid = self.env.sessions, self.report.session_id
         if book is None or sid is None:
             return
-        messages = self.request.messages
+        messages = self.history if self.history is not None else self.request.messages
         if self.reply is not None:
-            messages = (*messages, Message("assistant", self.reply))
+            cut = self.report.finish_reason == "cancelled"
+            messages = (*messages, Message("assistant", self.reply, interrupted=cut))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None
         book.save(sid, messages, n_tokens, fingerprint, leaf)

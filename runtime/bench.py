@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._progress import Bar
 from .settings import Settings, load_settings
 from .types import Message, Request, Sampling, Token
 
@@ -224,15 +225,18 @@ def threshold_check(rt: Any) -> dict[str, Any]:
     return dict(rt._call(run))
 
 
-def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
+def run_ours(settings: Settings, system: str, n_conv: int, bar: Bar) -> dict[str, Any]:
+    bar.update(0, "loading the model")
     rt = _open(settings)
     try:
         first = conversation(system, 0)
+        bar.update(1, "cold prompt")
         cold = timed(rt, first)
         settle(rt)
         live = timed(rt, first)
         rt.evict_live()
         ram = timed(rt, first)
+        bar.update(2, "live and RAM hits")
         out: dict[str, Any] = {
             "cold": cold,
             "live": live,
@@ -244,12 +248,14 @@ def run_ours(settings: Settings, system: str, n_conv: int) -> dict[str, Any]:
         }
         own_tokens = []
         for i in range(n_conv):
+            bar.update(3 + i, f"conversation {i + 1} of {n_conv}")
             turn1 = timed(rt, conversation(system, i))
             turn2 = timed(rt, conversation(system, i, turn1["text"]))
             r = turn2["report"]
             own_tokens.append(r["prompt_tokens"] + r["completion_tokens"])
         rt.wait_idle()  # the last reply's chunks are captured after its Done
         rt.store.flush()
+        bar.update(3 + n_conv, "decode speed and thresholds")
         out.update(_decode_figures(rt, system, n_conv))
         out["anchor_tokens"] = rt.engine.prompt_ids(Request(messages=first))[1]
         out["final_tokens"] = own_tokens
@@ -436,7 +442,6 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
 
 
 def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
-    from .engine._template import ChatTemplate
     from .models import ModelManager
 
     model = ModelManager(settings.models_dir).resolve(settings.model)
@@ -445,32 +450,51 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
     try:
         ours_settings = _bench_settings(settings, work, model)
         system = system_prompt(n_rules)
-        ours = run_ours(ours_settings, system, n_conv)
-        disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
-        from .engine._llama import LlamaModel
-
-        lm = LlamaModel(model)  # for its chat template only: nothing is decoded
-        template = ChatTemplate(lm.chat_template(), "", "")
-        lm.close()
-        prompts = [template.render(conversation(system, i)) for i in (0, 1)]
-        n_ctx = 4 * ours["cold"]["report"]["prompt_tokens"] + 512
-        lcp_args = {
-            "model": str(model),
-            "cache_dir": str(work / "lcp"),
-            "prompts": prompts,
-            "n_ctx": n_ctx,
-            # the comparison runs on the same machine: the same choice as ours
-            "extra_buffers": ours["extra_buffers"],
-            "n_gpu_layers": settings.n_gpu_layers,
-        }
-        lcp_cold = _child("lcp", {**lcp_args, "populate": True})
-        lcp = _child("lcp", {**lcp_args, "populate": False})
-        disk_bytes = du(work / "ours" / "cache")  # before the asks add their own chunks
-        asks = repeated_ask(ours_settings)
-        return summarize(ours, disk, lcp_cold, lcp, disk_bytes, du(work / "lcp"), asks)
+        with Bar("bench", n_conv + 8) as bar:
+            return _measure(settings, ours_settings, system, n_conv, model, work, bar)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(
+    settings: Settings,
+    ours_settings: Settings,
+    system: str,
+    n_conv: int,
+    model: Path,
+    work: Path,
+    bar: Bar,
+) -> dict[str, Any]:
+    ours = run_ours(ours_settings, system, n_conv, bar)
+    bar.update(4 + n_conv, "a disk hit in a fresh process")
+    disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
+    from .engine._llama import LlamaModel
+    from .engine._template import ChatTemplate
+
+    lm = LlamaModel(model)  # for its chat template only: nothing is decoded
+    template = ChatTemplate(lm.chat_template(), "", "")
+    lm.close()
+    prompts = [template.render(conversation(system, i)) for i in (0, 1)]
+    n_ctx = 4 * ours["cold"]["report"]["prompt_tokens"] + 512
+    lcp_args = {
+        "model": str(model),
+        "cache_dir": str(work / "lcp"),
+        "prompts": prompts,
+        "n_ctx": n_ctx,
+        # the comparison runs on the same machine: the same choice as ours
+        "extra_buffers": ours["extra_buffers"],
+        "n_gpu_layers": settings.n_gpu_layers,
+    }
+    bar.update(5 + n_conv, "llama-cpp-python's LlamaDiskCache, cold")
+    lcp_cold = _child("lcp", {**lcp_args, "populate": True})
+    bar.update(6 + n_conv, "llama-cpp-python's LlamaDiskCache, warm")
+    lcp = _child("lcp", {**lcp_args, "populate": False})
+    disk_bytes = du(work / "ours" / "cache")  # before the asks add their own chunks
+    bar.update(7 + n_conv, "a repeated question, from process start")
+    asks = repeated_ask(ours_settings)
+    bar.update(8 + n_conv, "done")
+    return summarize(ours, disk, lcp_cold, lcp, disk_bytes, du(work / "lcp"), asks)
 
 
 def summarize(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .sessions import new_session_id
-from .types import Message, Request, Sampling
+from .types import Event, Message, Request, Sampling, Token
 
 HELP = "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves"
 
@@ -52,6 +52,9 @@ class ChatLoop:
                 line = self.read("> ").strip()
             except EOFError:
                 return 0
+            except KeyboardInterrupt:  # Ctrl-C at the prompt (a second one): leave
+                print(file=sys.stderr)
+                return 130
             if not line:
                 continue
             if line.startswith("/") and self._command(line):
@@ -82,19 +85,30 @@ class ChatLoop:
         request = Request(
             messages=tuple(self.messages), sampling=self.sampling, session_id=self.session_id
         )
-        reply: list[str] = []
+        stream = _Tee(self.rt.generate(request))
+        report = self.print_reply(stream)
+        cut = report is not None and report.finish_reason == "cancelled"
+        # Ctrl-C: the turn keeps what was shown, and the prompt comes back
+        self.messages.append(Message("assistant", stream.shown(), interrupted=cut))
 
-        def tee(stream: Any) -> Any:
-            from .types import Token
 
-            class Tee:
-                def __iter__(self_inner):  # type: ignore[no-untyped-def]
-                    for event in stream:
-                        if isinstance(event, Token):
-                            reply.append(event.text)
-                        yield event
+class _Tee:
+    """A stream that remembers the text its reader took before cancelling it."""
 
-            return self.print_reply(Tee())
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._taken: list[str] = []
+        self._cancelled = False
 
-        tee(self.rt.generate(request))
-        self.messages.append(Message("assistant", "".join(reply)))
+    def __iter__(self) -> Iterator[Event]:
+        for event in self._stream:
+            if isinstance(event, Token) and not self._cancelled:
+                self._taken.append(event.text)
+            yield event
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._stream.cancel()
+
+    def shown(self) -> str:
+        return "".join(self._taken)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import sys
-import types
-import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._flags import add_settings_flags
 from ._private import restrict_umask
 from .errors import WarmstartError
 from .settings import Settings, load_settings
@@ -23,41 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("warmstart")
 
 _DEFAULT_SYSTEM = "You are a helpful, concise assistant."
-
-
-# settings flags, generated from the one schema ------------------------------------------------
-def _flag_type(annotation: Any) -> tuple[Any, bool]:
-    """(converter, is_bool) for a Settings field annotation."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
-    if base is bool:
-        return None, True
-    if typing.get_origin(base) is tuple:
-        return lambda v: tuple(x.strip() for x in v.split(",") if x.strip()), False
-    if typing.get_origin(base) is typing.Literal:
-        return str, False
-    return base, False
-
-
-def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (also WARMSTART_<NAME> or the config file)")
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        conv, is_bool = _flag_type(field.annotation)
-        if is_bool:
-            group.add_argument(
-                flag,
-                dest=name,
-                action="store_const",
-                const=True,
-                default=None,
-                help=field.description,
-            )
-            if field.default is True:  # a setting that is on by default can be turned off
-                no = "--no-" + name.replace("_", "-")
-                group.add_argument(no, dest=name, action="store_const", const=False)
-        else:
-            group.add_argument(flag, dest=name, type=conv, default=None, help=field.description)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -73,14 +41,23 @@ def _open_runtime(settings: Settings, prewarm: bool = True) -> LocalRuntime:
 
 
 def _print_reply(stream: Any) -> Any:
+    """Prints the reply as it comes. Ctrl-C stops the generation (the runtime sees the
+    cancel at its next token) and keeps the turn with the text shown so far."""
     from .types import Done, Token
 
     report = None
-    for event in stream:
-        if isinstance(event, Token):
-            print(event.text, end="", flush=True)
-        elif isinstance(event, Done):
-            report = event.report
+    try:
+        for event in stream:
+            if isinstance(event, Token):
+                print(event.text, end="", flush=True)
+            elif isinstance(event, Done):
+                report = event.report
+    except KeyboardInterrupt:
+        stream.cancel()
+        # the rest is read, not shown: what was decoded after the key press is dropped
+        report = next((e.report for e in stream if isinstance(e, Done)), None)
+        print("\n[interrupted]", file=sys.stderr)
+        return report
     print()
     if report is not None:
         print(f"[{report.summary()}]", file=sys.stderr)
@@ -104,7 +81,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         sampling = Sampling(
             temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
         )
-        _print_reply(
+        report = _print_reply(
             rt.generate(
                 Request(
                     messages=tuple(messages),
@@ -114,13 +91,18 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 )
             )
         )
-    return 0
+    return 130 if report is not None and report.finish_reason == "cancelled" else 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatLoop
 
     settings = settings_from(args)
+    if sys.stdin.isatty():
+        # input() gains line editing and this session's history (kept in memory only:
+        # the conversation text stays in sessions.db, where `history` governs it)
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401
     with _open_runtime(settings) as rt:
         return ChatLoop(
             rt,
@@ -134,24 +116,54 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from .sessions import SessionBook
+    """Through the running server when one answers (it owns the store), else on the
+    files: either way no model is loaded."""
+    from .remote import Server
 
     settings = settings_from(args)
+    server = Server.find(settings)
+    if server is None:
+        return _sessions_offline(settings, args)
+    try:
+        if args.action == "list":
+            for s in server.sessions():
+                print(f"{s['id']}  {s['n_tokens']:6d} tok  {s['title']}")
+            return 0
+        if args.action == "show":
+            found = server.session(args.id)
+            if found is None:
+                print(f"warmstart: no session {args.id}", file=sys.stderr)
+                return 1
+            for m in found["messages"]:
+                mark = " [interrupted]" if m.get("interrupted") else ""
+                print(f"{m['role']}: {m['content']}{mark}\n")
+            return 0
+        ok = server.delete_session(args.id)
+        print("deleted" if ok else f"no session {args.id}")
+        return 0 if ok else 1
+    finally:
+        server.close()
+
+
+def _sessions_offline(settings: Settings, args: argparse.Namespace) -> int:
+    from . import offline
+    from .sessions import SessionBook
+
     book = SessionBook(settings.data_dir / "sessions.db")
     try:
         if args.action == "list":
             for row in book.list():
                 print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}")
         elif args.action == "show":
-            found = book.get(args.id or "")
+            found = book.get(args.id)
             if found is None:
-                print(f"no session {args.id}", file=sys.stderr)
+                print(f"warmstart: no session {args.id}", file=sys.stderr)
                 return 1
             for m in found.messages:
-                print(f"{m.role}: {m.content}\n")
-        elif args.action == "delete":
-            with _open_runtime(settings) as rt:
-                ok = rt.delete_session(args.id or "")
+                print(f"{m.role}: {m.content}" + (" [interrupted]" if m.interrupted else ""))
+                print()
+        else:
+            ok = offline.delete_session(settings.effective_cache_dir, book, args.id)
             print("deleted" if ok else f"no session {args.id}")
             return 0 if ok else 1
     finally:
@@ -160,15 +172,50 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    """Through the running server when one answers (its own counters; clearing what
+    it holds), else on the files without loading a model."""
+    from . import offline
+    from .remote import Server
+    from .sessions import SessionBook
+
     settings = settings_from(args)
-    with _open_runtime(settings) as rt:
-        if args.action == "clear":
-            if rt.store is not None:
-                rt.store.clear()
-            print("cache cleared")
-        else:
-            print(json.dumps(rt.stats(), indent=2))
+    server = Server.find(settings)
+    if server is not None:
+        try:
+            if args.action == "clear":
+                server.clear_cache()
+                print("cache cleared (by the running server)")
+            else:
+                print(json.dumps(server.stats(), indent=2))
+        finally:
+            server.close()
+        return 0
+    if args.action == "clear":
+        _clear_cache_dir(settings.effective_cache_dir)
+        print("cache cleared")
+        return 0
+    book = SessionBook(settings.data_dir / "sessions.db")
+    try:
+        print(json.dumps(offline.cache_stats(settings.effective_cache_dir, book), indent=2))
+    finally:
+        book.close()
     return 0
+
+
+def _clear_cache_dir(cache_dir: Path) -> None:
+    """Deletes the cache's files whatever state they are in (a damaged index too) and
+    loads no model; sessions and calibration live elsewhere and stay."""
+    from ._private import private_dir
+    from .errors import DiskUnavailable
+    from .kvstore._disk import reset_directory
+
+    if not cache_dir.exists():
+        return
+    private_dir(cache_dir, "cache_dir")  # never empty a directory that is not ours
+    try:
+        reset_directory(cache_dir)
+    except OSError as exc:
+        raise DiskUnavailable(f"cannot clear the cache in {cache_dir}: {exc}") from exc
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -199,11 +246,15 @@ def _print_available(settings: Settings, installed: set[str]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api import serve
+    from .api import bind_listener, serve
 
     settings = settings_from(args)
-    with _open_runtime(settings) as rt:
-        serve(settings, rt)
+    sock = bind_listener(settings)  # a port in use is reported now, not after the load
+    try:
+        with _open_runtime(settings) as rt:
+            serve(settings, rt, sock=sock)
+    finally:
+        sock.close()
     return 0
 
 
@@ -243,12 +294,25 @@ def run_app(app_args: list[str]) -> int:
 
 
 # the parser ----------------------------------------------------------------------------------
+def _version() -> str:
+    try:
+        return importlib.metadata.version("warmstart")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def _needs_id(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.action in ("show", "delete") and not args.id:
+        parser.error(f"sessions {args.action}: give the conversation's id")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="warmstart",
         description=("A local assistant that never prefills the same prefix twice."),
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("--version", action="version", version=f"warmstart {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(
@@ -257,15 +321,30 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(fn=fn)
         if settings:
-            add_settings_flags(p)
+            add_settings_flags(p, name)
         return p
 
     def sampling_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--system", default=_DEFAULT_SYSTEM, help="system prompt")
-        p.add_argument("--session", default=None, help="conversation id to continue")
-        p.add_argument("--max-tokens", type=int, default=256)
-        p.add_argument("--temperature", type=float, default=0.0)
-        p.add_argument("--seed", type=int, default=None)
+        g = p.add_argument_group("the conversation and sampling")
+        g.add_argument(
+            "--system", default=_DEFAULT_SYSTEM, help="system prompt (default: %(default)r)"
+        )
+        g.add_argument(
+            "--session", default=None, help="conversation id to continue (default: a new one)"
+        )
+        g.add_argument(
+            "--max-tokens",
+            type=int,
+            default=256,
+            help="longest reply, in tokens (default: %(default)s; at least 1)",
+        )
+        g.add_argument(
+            "--temperature",
+            type=float,
+            default=0.0,
+            help="0 <= value <= 2; 0 is greedy (default: %(default)s)",
+        )
+        g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
     p = command(
         "ask", cmd_ask, "ask one question and print the reply and where its prompt came from"
@@ -275,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_flags(command("chat", cmd_chat, "chat interactively; conversations persist"))
     p = command("sessions", cmd_sessions, "list, show or delete conversations")
     p.add_argument("action", choices=["list", "show", "delete"])
-    p.add_argument("id", nargs="?")
+    p.add_argument("id", nargs="?", help="the conversation (show and delete)")
+    p.set_defaults(check=lambda args, p=p: _needs_id(p, args))
     p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
     p = command("models", cmd_models, "pull, list or remove models")
@@ -306,16 +386,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app"] and argv[1:2] not in (["-h"], ["--help"]):
         return run_app(argv[1:])  # every option after `app` is the app's own
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "check", None) is not None:
+        args.check(args)  # a usage error argparse cannot express: exits 2 like one
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
+        return code
     except WarmstartError as exc:
         print(f"warmstart: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of our output went away (``| head``): it asked for less, which is not
+    an error. stdout is pointed at /dev/null so that the interpreter's final flush
+    does not raise again (the recipe of Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,8 +25,8 @@ from .engine._engine import Engine, EngineConfig
 from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
-from .errors import Busy, ContextOverflow, RequestError
-from .kvstore._disk import DiskTier
+from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
+from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
 from .kvstore._store import TieredStore
@@ -136,6 +137,8 @@ class LocalRuntime:
         self._waiting: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
+        self._background: list[tuple[threading.Thread, threading.Event]] = []
+        self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
         self._idle = threading.Event()
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -146,10 +149,26 @@ class LocalRuntime:
         if s.no_cache:
             return None
         pool = RamPool(t.ram_pool_bytes, self.engine.blob_bytes(t.chunk_tokens))
-        disk = DiskTier(
-            s.effective_cache_dir, self.engine.fingerprint, t.zstd_level, t.disk_budget_bytes
+
+        def open_disk() -> DiskTier:
+            fp = self.engine.fingerprint
+            return DiskTier(s.effective_cache_dir, fp, t.zstd_level, t.disk_budget_bytes)
+
+        disk, problem = None, None
+        try:
+            disk = open_disk()
+        except DiskUnavailable as exc:  # degrade, never die: RAM only until it comes back
+            problem = str(exc)
+        return TieredStore(
+            self.engine.fingerprint,
+            pool,
+            disk,
+            t.high_watermark,
+            t.low_watermark,
+            reopen=open_disk,
+            disk_problem=problem,
+            retry_s=s.disk_retry_s,
         )
-        return TieredStore(self.engine.fingerprint, pool, disk, t.high_watermark, t.low_watermark)
 
     # requests ------------------------------------------------------------------------------
     def _validate(self, request: Request) -> None:
@@ -190,22 +209,56 @@ class LocalRuntime:
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
         self._check_room()
-        ids, anchor = self.engine.prompt_ids(request)
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
+        # named by the whole conversation, before any trimming
         session_id = request.session_id or (
             derived_session_id(request.messages) if request.messages else None
         )
+        whole = request.messages
+        ids, anchor = self.engine.prompt_ids(request)
+        request, ids, anchor, trimmed = self._fit(request, ids, anchor)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
         stream = QueueStream()
+        self._streams.add(stream)
         with self._cv:
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
-            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits)
+            history = whole if trimmed else None
+            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits, history)
+            job.report.trimmed_messages = trimmed
             self._waiting.append(job)
             self._idle.clear()
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
+
+    def _fit(
+        self, request: Request, ids: list[int], anchor: int
+    ) -> tuple[Request, list[int], int, int]:
+        """With ``overflow = trim``, a conversation that leaves less than max_tokens of
+        room loses its earliest turns: the system prompt and the most recent turns that
+        fit stay (the kept part starts at a user turn). Returns the request to run,
+        its ids and anchor, and how many messages were left out."""
+        limit = self.n_ctx - request.sampling.max_tokens
+        messages = request.messages
+        if self.settings.overflow != "trim" or not messages or len(ids) <= limit:
+            return request, ids, anchor, 0
+        head = 1 if messages[0].role == "system" else 0
+        starts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
+        best: tuple[Request, list[int], int, int] | None = None
+        lo, hi = 0, len(starts) - 1
+        while lo <= hi:  # fewer turns, fewer tokens: the earliest start that fits
+            mid = (lo + hi) // 2
+            kept = replace(request, messages=messages[:head] + messages[starts[mid] :])
+            kept_ids, kept_anchor = self.engine.prompt_ids(kept)
+            if len(kept_ids) <= limit:
+                best, hi = (kept, kept_ids, kept_anchor, starts[mid] - head), mid - 1
+            else:
+                lo = mid + 1
+        if best is None and starts:  # nothing leaves max_tokens: keep the last turn only
+            kept = replace(request, messages=messages[:head] + messages[starts[-1] :])
+            best = (kept, *self.engine.prompt_ids(kept), starts[-1] - head)
+        return best or (request, ids, anchor, 0)
 
     # the worker ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -308,18 +361,26 @@ class LocalRuntime:
         row = self.book.get(session_id)
         return self._info(row) if row else None
 
-    def prewarm(self, session_id: str) -> int:
+    def prewarm(self, session_id: str, stop: threading.Event | None = None) -> int:
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
-        return self.store.promote(self.store.chain(row.leaf), make_room=False)
+        return self.store.promote(self.store.chain(row.leaf), make_room=False, stop=stop)
 
-    def prewarm_recent(self, n: int) -> int:
-        """Promotes the most recent conversations to RAM (run off the request path)."""
+    def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
+        """Promotes the most recent conversations to RAM (run off the request path);
+        ``stop`` set (by close()) ends it between two chunks."""
         total = 0
         for row in self.book.list(limit=n):
-            total += self.prewarm(row.id)
+            if stop is not None and stop.is_set():
+                break
+            total += self.prewarm(row.id, stop)
         return total
+
+    def add_background(self, thread: threading.Thread, stop: threading.Event) -> None:
+        """A helper thread that uses the store or the book: close() sets ``stop`` and
+        joins it before closing them (a short command may finish before it does)."""
+        self._background.append((thread, stop))
 
     def delete_session(self, session_id: str) -> bool:
         row = self.book.get(session_id)
@@ -367,6 +428,7 @@ class LocalRuntime:
                 bytes=disk["used_bytes"],
                 kv_bytes=disk["kv_bytes"],
                 degraded=disk["degraded"],
+                degraded_reason=disk["degraded_reason"],
             )
             out["store"] = store
         with self._cv:
@@ -392,12 +454,41 @@ class LocalRuntime:
     def settings_report(self) -> dict[str, dict[str, Any]]:
         return self.tuning.report()
 
+    def degraded(self) -> dict[str, str]:
+        """What runs in a reduced mode now, and why (cheap: /health asks it)."""
+        store = self.store
+        if store is not None and store.disk_degraded:
+            return {"disk": store.degraded_reason or "the disk tier is off"}
+        return {}
+
+    def clear_cache(self) -> None:
+        """Empties the store; a disk tier that could not even be opened (a damaged
+        index) has its files reset and is tried again at once."""
+        store = self.store
+        if store is None:
+            return
+        store.clear()
+        if store.disk is None:
+            reset_directory(self.settings.effective_cache_dir)
+            store.retry_now()
+
+    def cancel_all(self) -> None:
+        """Ends every reply in progress as cancelled (a server shutting down): each
+        stream still gets its Done, so its client gets a last event."""
+        for stream in list(self._streams):
+            stream.cancel()
+
     def close(self) -> None:
         with self._cv:
             if self._closing:
                 return
             self._closing = True
             self._cv.notify()
+        for _, stop in self._background:
+            stop.set()
+        for thread, _ in self._background:
+            if thread.ident is not None:  # started
+                thread.join()
         self._worker.join()
         if self.store is not None:
             self.store.flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+from ._progress import Bar
 from .engine._smoke import ExtraBuffers
 from .hardware import Calibration, HardwareProfile
 from .policy import Tuning
@@ -141,24 +142,36 @@ def _settings_lines(settings: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _cache_dir_lines(report: dict[str, Any]) -> list[str]:
+    cache = report["hardware"].get("cache_dir")
+    if not cache:
+        return []
+    if cache["problem"] is None:
+        return [f"  cache dir: {cache['path']} (writable)"]
+    return [f"  cache dir: NOT USABLE, the cache runs from RAM only: {cache['problem']}"]
+
+
 def render_doctor(report: dict[str, Any]) -> str:
     """The report from :func:`doctor_report` as text, one figure or threshold a line."""
-    parts = ["Hardware", *_hardware_lines(report["hardware"])]
+    parts = ["Hardware", *_hardware_lines(report["hardware"]), *_cache_dir_lines(report)]
     parts += ["", "Calibration", *_calibration_lines(report["calibration"])]
     parts += ["", "Settings", *_settings_lines(report["settings"])]
     return "\n".join(parts) + "\n"
 
 
 class ProgressLine:
-    """A calibration progress callback that redraws one line on ``stream`` (the CLI's)."""
+    """A calibration progress callback ``(what, done 0..1)``: a rich bar on a terminal,
+    log lines only when ``stream`` is not one (no carriage returns in logs)."""
 
-    def __init__(self, stream: TextIO, width: int = 24) -> None:
-        self._stream = stream
-        self._width = width
+    def __init__(self, stream: TextIO) -> None:
+        self._bar = Bar("calibrating", 1.0, stream)
+        self._started = False
 
     def __call__(self, what: str, done: float) -> None:
-        filled = int(self._width * min(max(done, 0.0), 1.0))
-        bar = "#" * filled + "." * (self._width - filled)
-        end = "\n" if done >= 1.0 else ""
-        self._stream.write(f"\rcalibrating [{bar}] {done:4.0%} {what:<24}{end}")
-        self._stream.flush()
+        if not self._started:
+            self._bar.__enter__()
+            self._started = True
+        self._bar.update(min(max(done, 0.0), 1.0), what)
+        if done >= 1.0:
+            self._bar.__exit__(None, None, None)
+            self._started = False

@@ -10,7 +10,9 @@
     ├── Busy                     the request queue is full (HTTP 429)
     ├── Cancelled                the client went away; its generation was stopped
     └── CacheError               a cache record is corrupt, truncated or foreign
-        └── DiskFull             the cache disk ran out of space; the cache degrades, requests go on
+        └── DiskUnavailable      the cache dir cannot be written (read-only, not ours, damaged);
+            │                    the cache runs from RAM and retries, requests go on
+            └── DiskFull         the cache disk ran out of space (same degradation)
 
 Foreign errors (OSError, sqlite3, llama.cpp return codes) are wrapped where they
 enter with ``raise ... from exc``. The HTTP layer maps these types, never
@@ -78,5 +80,10 @@ class CacheError(WarmstartError):
     """A cache record cannot be used: corrupt, truncated or made for another model."""
 
 
-class DiskFull(CacheError):
+class DiskUnavailable(CacheError):
+    """The disk tier cannot be opened or written; the cache serves from RAM, requests
+    go on, and the disk tier is tried again from time to time."""
+
+
+class DiskFull(DiskUnavailable):
     """The cache disk is full; the cache stops writing, requests go on."""

@@ -18,6 +18,7 @@ from .engine._build import llama_build_info
 from .engine._engine import Engine, EngineConfig, fingerprint_of
 from .engine._kvblob import CacheLayout
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
+from .kvstore._disk import directory_problem
 from .policy import Tuning, choose, rates_from
 from .settings import Settings
 
@@ -106,7 +107,10 @@ class Plan:
 def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None = None) -> Plan:
     """Probe, calibration (cached per machine and model) and the policy's choice."""
     cache_dir = settings.effective_cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # the store says it once and runs from RAM; calibration copes
+        log.debug("cannot create %s: %s", cache_dir, exc)
     profile = probe(cache_dir)
     target = _CalibrationTarget(loaded, settings)
     try:
@@ -144,16 +148,20 @@ def open_runtime(
 
 def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:
     """Promotes the most recent conversations from disk to RAM in the background:
-    the first request never waits for it (the store's locks keep both consistent)."""
+    the first request never waits for it (the store's locks keep both consistent).
+    The runtime's close() stops it and waits for it before closing the store."""
+    stop = threading.Event()
 
     def run() -> None:
         try:
-            tokens = rt.prewarm_recent(n)
+            tokens = rt.prewarm_recent(n, stop)
             log.info("prewarmed %d tokens of the %d most recent conversations", tokens, n)
         except Exception:  # prewarm is an optimisation: never take the runtime down
-            log.exception("prewarm failed")
+            if not stop.is_set():  # closing under it is expected, not a failure
+                log.exception("prewarm failed")
 
     thread = threading.Thread(target=run, name="prewarm", daemon=True)
+    rt.add_background(thread, stop)
     thread.start()
     return thread
 
@@ -173,5 +181,10 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
         extra_buffers=loaded.extra_buffers,
         llama_build=llama_build_info(),
     )
+    cache_dir = settings.effective_cache_dir
+    report["hardware"]["cache_dir"] = {
+        "path": str(cache_dir),
+        "problem": directory_problem(cache_dir),  # None: the disk tier can write there
+    }
     print(json.dumps(report, indent=2) if as_json else render_doctor(report))
     return 0

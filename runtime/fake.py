@@ -235,6 +235,18 @@ class FakeRuntime:
         }
         return {name: {"value": value, "reason": reason} for name, value in values.items()}
 
+    def degraded(self) -> dict[str, str]:
+        return {}
+
+    def clear_cache(self) -> None:
+        """The fake keeps no KV: nothing to clear."""
+
+    def cancel_all(self) -> None:
+        with self._cond:
+            jobs = [*self._active, *self._waiting]
+        for job in jobs:
+            job.stream.cancel()
+
     def close(self) -> None:
         """Stops the worker; replies still pending end as cancelled. Idempotent."""
         with self._cond:

@@ -27,6 +27,12 @@ class Runtime(Protocol):
       drops chunks no other conversation uses; returns False when unknown.
     - ``stats()`` returns a JSON-able dict of counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
+    - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
+      disk tier off: RAM only); empty when all is well. Cheap: /health calls it.
+    - ``clear_cache()`` empties the KV cache in every tier (a damaged disk cache is
+      reset); conversations stay.
+    - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
+      down); each stream still ends with its Done.
     - ``close()`` stops the worker and flushes the disk tier; idempotent.
     """
 
@@ -48,5 +54,11 @@ class Runtime(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     def settings_report(self) -> dict[str, dict[str, Any]]: ...
+
+    def degraded(self) -> dict[str, str]: ...
+
+    def cancel_all(self) -> None: ...
+
+    def clear_cache(self) -> None: ...
 
     def close(self) -> None: ...

@@ -65,6 +65,13 @@ def title_of(messages: tuple[Message, ...]) -> str:
     return "New conversation"
 
 
+def _as_json(m: Message) -> dict[str, object]:
+    out: dict[str, object] = {"role": m.role, "content": m.content}
+    if m.interrupted:
+        out["interrupted"] = True
+    return out
+
+
 class SessionBook:
     """``keep_text=False`` (the ``history`` setting off) keeps no conversation text:
     sessions are listed with their token counts and cache keys, without title or
@@ -77,7 +84,9 @@ class SessionBook:
         self.keep_text = keep_text
 
     def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
-        messages = tuple(Message(m["role"], m["content"]) for m in json.loads(r[7]))
+        messages = tuple(
+            Message(m["role"], m["content"], bool(m.get("interrupted"))) for m in json.loads(r[7])
+        )
         return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages)
 
     def get(self, session_id: str) -> SessionRow | None:
@@ -108,7 +117,7 @@ class SessionBook:
         now = time.time()
         if not self.keep_text:
             messages = ()
-        payload = json.dumps([{"role": m.role, "content": m.content} for m in messages])
+        payload = json.dumps([_as_json(m) for m in messages])
         with self._lock:
             self._db.execute(
                 "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"

@@ -50,6 +50,8 @@ class _TomlSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         path = default_config_file()
         if not path.is_file():
+            if os.environ.get("WARMSTART_CONFIG"):  # named on purpose: its absence is a mistake
+                raise ConfigError(f"WARMSTART_CONFIG: no config file at {path}")
             return {}
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -119,6 +121,11 @@ class Settings(BaseSettings):
         description="llama.cpp's extra buffer types (weight repacking, AMX); auto: a "
         "one-time smoke decode in a child process decides (they die by SIGILL on some CPUs)",
     )
+    overflow: Literal["trim", "error"] = Field(
+        "trim",
+        description="a conversation longer than the context: 'trim' leaves out its earliest "
+        "turns (the system prompt stays), 'error' refuses it (HTTP 400)",
+    )
 
     # the store
     ram_pool_bytes: int | None = Field(None, ge=0, description="size of the RAM pool")
@@ -132,6 +139,13 @@ class Settings(BaseSettings):
     zstd_level: int | None = Field(None, ge=0, le=19, description="disk compression, 0 = raw")
     prewarm_sessions: int | None = Field(None, ge=0, le=1000, description="chats warmed at start")
     recalibrate: bool = Field(False, description="measure this machine again")
+    disk_retry_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds between attempts to bring back a disk tier that could not be "
+        "written (full, read-only, damaged); meanwhile the cache runs from RAM",
+    )
 
     # the HTTP API
     host: str = Field("127.0.0.1", description="address to bind")

@@ -21,6 +21,7 @@ class QueueStream:
         self._queue: queue.Queue[Event | BaseException] = queue.Queue()
         self._cancel = threading.Event()
         self._finished = threading.Event()
+        self._delivered: list[str] = []
 
     # producer side
     @property
@@ -41,6 +42,11 @@ class QueueStream:
             self._finished.set()
             self._queue.put(exc)
 
+    @property
+    def delivered(self) -> str:
+        """The text the consumer took before cancelling: what its user was shown."""
+        return "".join(self._delivered)
+
     # consumer side
     def cancel(self) -> None:
         self._cancel.set()
@@ -50,6 +56,8 @@ class QueueStream:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, Token) and not self._cancel.is_set():
+                self._delivered.append(item.text)
             yield item
             if isinstance(item, Done):
                 return

@@ -15,6 +15,9 @@ FinishReason = Literal["stop", "length", "cancelled"]
 class Message:
     role: Role
     content: str
+    # an assistant turn cut short (Ctrl-C, a client that left): ``content`` is what
+    # was shown; kept with the session, never sent to the model
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Report:
     finish_reason: FinishReason = "stop"
     decision: str = ""
     session_id: str | None = None
+    trimmed_messages: int = 0  # earliest turns left out so the conversation fits
 
     @property
     def cached_tokens(self) -> int:
@@ -76,6 +80,8 @@ class Report:
         parts.append(f"restore {self.restore_ms:.1f} ms")
         parts.append(f"prefill {self.prefilled_tokens} tok in {self.prefill_ms:.1f} ms")
         parts.append(f"TTFT {self.ttft_ms:.1f} ms")
+        if self.trimmed_messages:
+            parts.append(f"{self.trimmed_messages} earliest messages left out to fit")
         return " | ".join(parts)
 
 

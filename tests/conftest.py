@@ -31,7 +31,9 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("WARMSTART_"):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+    # an empty config file keeps the user's own out (a named, missing one is an error)
+    (tmp_path / "empty.toml").write_text("")
+    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "empty.toml"))
 
 
 @pytest.fixture(scope="session")

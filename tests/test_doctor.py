@@ -63,9 +63,20 @@ def test_user_settings_say_so() -> None:
     assert "set by the user" in text
 
 
-def test_progress_line() -> None:
-    out = io.StringIO()
-    progress = ProgressLine(out)
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_and_quiet_otherwise() -> None:
+    # issue 11: the old bar wrote carriage returns into logs; off a terminal it is quiet
+    piped = io.StringIO()
+    progress = ProgressLine(piped)
     progress("prefill", 0.0)
     progress("done", 1.0)
-    assert "[" + "#" * 24 + "]" in out.getvalue() and out.getvalue().endswith("\n")
+    assert piped.getvalue() == ""
+    term = _Terminal()
+    progress = ProgressLine(term)
+    progress("prefill", 0.0)
+    progress("done", 1.0)
+    assert "calibrating" in term.getvalue() and "100%" in term.getvalue()

@@ -20,7 +20,9 @@ def _clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("WARMSTART_") or name in ("CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET"):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "absent.toml"))
+    # an empty config file keeps the user's own out (a named, missing one is an error)
+    (tmp_path / "empty.toml").write_text("")
+    monkeypatch.setenv("WARMSTART_CONFIG", str(tmp_path / "empty.toml"))
 
 
 def test_key_file_flag_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from warmstart.runtime.settings import load_settings
 @pytest.fixture(autouse=True)
 def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "warmstart.toml"
+    path.write_text("")  # named in WARMSTART_CONFIG, so it must exist
     monkeypatch.setenv("WARMSTART_CONFIG", str(path))
     for name in ("WARMSTART_CHUNK_TOKENS", "WARMSTART_ZSTD_LEVEL", "WARMSTART_NO_CACHE"):
         monkeypatch.delenv(name, raising=False)

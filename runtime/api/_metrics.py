@@ -38,6 +38,13 @@ class _RuntimeCollector(Collector):
             log.exception("runtime.stats() failed during a metrics scrape")
             return
         yield from _tier_metrics(stats.get("tiers") or {})
+        disk = (stats.get("tiers") or {}).get("disk") or {}
+        if isinstance(disk.get("degraded"), bool):
+            yield GaugeMetricFamily(
+                "warmstart_disk_tier_degraded",
+                "1 while the disk tier cannot be written and the cache runs from RAM",
+                value=int(disk["degraded"]),
+            )
         evictions = stats.get("evictions")
         if isinstance(evictions, int | float):
             yield CounterMetricFamily(

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 
@@ -38,13 +45,52 @@ def check_bind(settings: Settings) -> None:
         )
 
 
-def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> None:
+def bind_listener(settings: Settings) -> socket.socket:
+    """Checks the bind rule and TLS files, then binds host:port: called before the
+    model loads, so that a port in use or an address this machine lacks is reported
+    at once, not after seconds of loading. The socket is bound, not listening:
+    nobody can connect to a server that cannot answer yet."""
+    check_bind(settings)
+    check_tls(settings)
+    host = settings.host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as uvicorn does: a restart must not wait for the old connections' TIME_WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(_bind_problem(settings, exc)) from exc
+    return sock
+
+
+def _bind_problem(settings: Settings, exc: OSError) -> str:
+    where = f"{settings.host}:{settings.port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"port: {where} is already in use (another warmstart?); choose another --port"
+    if exc.errno == errno.EACCES:
+        return f"port: binding {where} is not permitted (ports below 1024 need privileges)"
+    if exc.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME):
+        return f"host: {settings.host!r} is not an address of this machine"
+    return f"host/port: cannot bind {where}: {exc.strerror or exc}"
+
+
+def serve(
+    settings: Settings,
+    runtime: Runtime,
+    *,
+    log_level: str = "info",
+    sock: socket.socket | None = None,
+) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
 
-    Raises ConfigError before binding anything when the bind rule is broken."""
-    check_bind(settings)
-    check_tls(settings)
+    ``sock`` comes from bind_listener() (called before loading the model); without it
+    the checks and the bind happen here. Raises ConfigError before serving anything
+    when the bind rule is broken or the address cannot be bound."""
+    if sock is None:
+        sock = bind_listener(settings)
     app = create_app(settings, runtime)
     limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
     config = uvicorn.Config(
@@ -70,10 +116,53 @@ def serve(settings: Settings, runtime: Runtime, *, log_level: str = "info") -> N
     notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
+    server = _Server(config, on_exit=runtime.cancel_all)
     try:
-        uvicorn.Server(config).run()
+        with _sigterm_returns():
+            server.run(sockets=[sock])
+    except _Terminated:
+        log.info("stopped by SIGTERM")
     finally:
-        runtime.close()
+        runtime.close()  # flushes the caches and checkpoints the databases
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends the replies in flight at the first signal: each
+    stream gets its last event and [DONE] at once, instead of being cut (with a
+    CancelledError traceback) when the graceful-shutdown timeout runs out."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            log.info("shutting down: ending the replies in progress")
+            self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: leave serve() through its cleanup, not by dying."""
+
+
+@contextlib.contextmanager
+def _sigterm_returns() -> Iterator[None]:
+    """uvicorn re-raises the signal that stopped it once it has shut down; for
+    SIGTERM the default action kills the process before the runtime is closed (lost
+    chunks, a WAL left behind). This handler turns it into an exception instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(_sig: int, _frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_tls(settings: Settings) -> None:

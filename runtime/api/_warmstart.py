@@ -42,7 +42,14 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
         "location": info.location,
     }
     if messages:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in info.messages]
+        body["messages"] = [
+            {
+                "role": m.role,
+                "content": m.content,
+                **({"interrupted": True} if m.interrupted else {}),
+            }
+            for m in info.messages
+        ]
     return body
 
 
@@ -94,6 +101,13 @@ def build_router() -> APIRouter:
         """The runtime's counters and tier usage (runtime.stats())."""
         return state(request).runtime.stats()
 
+    @router.post("/cache/clear")
+    def clear_cache(request: Request) -> dict[str, Any]:
+        """Empties the KV cache (RAM and disk; a damaged disk cache is reset). The
+        conversations stay listed; their next turn is computed again."""
+        state(request).runtime.clear_cache()
+        return {"object": "warmstart.cache.cleared", "cleared": True}
+
     @router.get("/settings")
     def settings(request: Request) -> dict[str, Any]:
         """The effective settings, each ``{"value", "reason"}``; secrets are redacted."""
@@ -115,8 +129,14 @@ def build_service_router() -> APIRouter:
 
     @router.get("/health")
     def health(request: Request) -> dict[str, Any]:
-        """Liveness; open without an API key."""
-        return {"status": "ok", "model": state(request).runtime.model_id}
+        """Liveness; open without an API key. ``degraded`` names what runs in a reduced
+        mode (the disk tier off: replies go on from RAM), and why."""
+        runtime = state(request).runtime
+        out: dict[str, Any] = {"status": "ok", "model": runtime.model_id}
+        degraded = runtime.degraded()
+        if degraded:
+            out["degraded"] = degraded
+        return out
 
     @router.get("/metrics", response_class=Response)
     def metrics(request: Request) -> Response:

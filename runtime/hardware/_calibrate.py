@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import DiskFull, WarmstartError
 from ._measure import (
+    DiskRates,
+    MiB,
     ZstdPoint,
     disk_rates,
     host_device_gbps,
@@ -38,6 +42,9 @@ _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
 # chunks of MERGE_UNIT tokens may be prefilled MERGE_UNITS at a time where that gives
 # the same KV bits (a CPU's kernels may pick another path for another batch size)
 MERGE_UNIT, MERGE_UNITS = 64, 4
+CALIBRATION_FILE_BYTES = 64 * MiB
+# a spinning disk's figures: unmeasured, the disk tier must not look better than it is
+ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
 
@@ -87,6 +94,7 @@ class Calibration:
     disk_read_gbps: float
     disk_fixed_ms: float = 0.0
     disk_read_cold: bool = True  # False: the page cache may have flattered the read
+    disk_measured: bool = True  # False: no room to measure; the disk figures are assumed
     zstd: tuple[ZstdPoint, ...] = ()
     h2d_pinned_gbps: float | None = None
     h2d_pageable_gbps: float | None = None
@@ -185,8 +193,9 @@ def calibrate(
 ) -> Calibration:
     """Measures this machine with the loaded model (about 10 s on a small CPU box).
 
-    Writes and removes one temporary file of 64 MiB in ``cache_dir``; raises
-    :class:`~runtime.errors.DiskFull` when it cannot.
+    Writes and removes one temporary file of 64 MiB in ``cache_dir``; when it
+    cannot (no room, read-only, not ours), the disk figures are assumed and marked
+    ``disk_measured=False``: the cache may be RAM-only for now, never fatal.
     """
     say = progress or (lambda _what, _done: None)
     started = time.perf_counter()
@@ -201,7 +210,7 @@ def calibrate(
     say("host<->device copies", 0.7)
     link = host_device_gbps() if profile.gpu is not None else None
     say("disk write/read", 0.75)
-    disk = disk_rates(cache_dir)
+    disk, disk_measured = _disk_or_assumed(cache_dir)
     say("zstd levels on real KV", 0.85)
     zstd = zstd_points(blob, ZSTD_LEVELS)
     say("done", 1.0)
@@ -223,6 +232,7 @@ def calibrate(
         disk_read_gbps=disk.read_gbps,
         disk_fixed_ms=disk.fixed_ms,
         disk_read_cold=disk.read_cold,
+        disk_measured=disk_measured,
         zstd=zstd,
         h2d_pinned_gbps=link.get("h2d_pinned"),
         h2d_pageable_gbps=link.get("h2d_pageable"),
@@ -233,6 +243,20 @@ def calibrate(
         seconds=time.perf_counter() - started,
         measured_at=time.time(),
     )
+
+
+def _disk_or_assumed(cache_dir: Path) -> tuple[DiskRates, bool]:
+    """The measured disk rates, or a slow disk's figures (a restore from it must
+    prove itself) when the 64 MiB file cannot be written."""
+    try:
+        existing = next(p for p in (cache_dir, *cache_dir.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        if free < 2 * CALIBRATION_FILE_BYTES:
+            raise DiskFull(f"{free >> 20} MiB free in {cache_dir}")
+        return disk_rates(cache_dir), True
+    except (OSError, WarmstartError) as exc:
+        log.warning("disk speed not measured (%s): assuming a slow disk", exc)
+        return ASSUMED_DISK, False
 
 
 def _cache_key(machine_id: str, fingerprint: str) -> str:
@@ -295,6 +319,8 @@ def load_or_calibrate(
             log.warning("calibration entry %s is unusable (%s); measuring again", key, exc)
     where = cache_dir if cache_dir is not None else Path(profile.disk.path)
     fresh = calibrate(target, profile, where, progress)
+    if not fresh.disk_measured:  # kept in memory: measured again when there is room
+        return fresh, False
     entries[key] = fresh.to_dict()
     try:
         _write_entries(cache_file, entries)

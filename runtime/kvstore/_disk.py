@@ -14,6 +14,7 @@ import errno
 import io
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import _sqlite
 from .._private import private_dir, private_file
-from ..errors import CacheError, DiskFull
+from ..errors import CacheError, ConfigError, DiskFull, DiskUnavailable, WarmstartError
 from . import _codec
 
 log = logging.getLogger(__name__)
@@ -79,23 +80,101 @@ class IndexRow:
     nbytes: int
 
 
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EIO)
+# sqlite3 says it in words only: a read-only file system, a vanished directory,
+# a damaged index (a "file is not a database" is a DatabaseError)
+_SQLITE_UNWRITABLE = ("readonly", "disk i/o", "unable to open", "not a database", "malformed")
+
+
 def _is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
 
 
+def _is_unwritable(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in _UNWRITABLE
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.DatabaseError) and any(w in text for w in _SQLITE_UNWRITABLE)
+
+
+def disk_problem(directory: Path, exc: BaseException) -> CacheError:
+    """The CacheError for a failure of the cache directory as a whole."""
+    if isinstance(exc, WarmstartError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # judged by what the file system or SQLite said
+    if _is_disk_full(exc):
+        return DiskFull(f"the cache disk is full ({directory})")
+    if isinstance(exc, ConfigError | DiskUnavailable) or _is_unwritable(exc):
+        return DiskUnavailable(f"cannot use the disk cache in {directory}: {exc}")
+    return CacheError(f"disk cache in {directory}: {exc}")
+
+
+def directory_problem(directory: Path) -> str | None:
+    """Why a disk tier could not write in ``directory`` now, or None when it can
+    (for `warmstart doctor`; it opens no database)."""
+    try:
+        private_dir(directory, "cache_dir")
+        probe = directory / ".probe"
+        probe.write_bytes(b"warmstart")
+        probe.unlink()
+    except (OSError, ConfigError) as exc:
+        return str(disk_problem(directory, exc))
+    return None
+
+
+def drop_chunks(directory: Path, keys: set[bytes]) -> None:
+    """Deletes these chunks' blobs and index rows, with no model loaded (diskcache
+    opened with the settings it stored: the size budget stays the server's)."""
+    if not keys or not (directory / "index.db").is_file():
+        return
+    blobs = diskcache.Cache(str(directory / "blobs"), disk=ZstdDisk)
+    index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+    try:
+        for key in keys:
+            blobs.delete(key.hex(), retry=True)
+            index.execute("DELETE FROM chunks WHERE key = ?", (key,))
+    finally:
+        blobs.close()
+        index.close()
+
+
+def reset_directory(directory: Path) -> None:
+    """Deletes what a DiskTier keeps in ``directory`` (its index and blobs), whatever
+    state they are in, and nothing else: `warmstart cache clear` on a damaged cache."""
+    for name in ("index.db", "index.db-wal", "index.db-shm"):
+        (directory / name).unlink(missing_ok=True)
+    blobs = directory / "blobs"
+    if blobs.is_symlink() or blobs.is_file():
+        blobs.unlink()
+    elif blobs.is_dir():
+        shutil.rmtree(blobs)
+
+
+def _as_unavailable(directory: Path, exc: BaseException) -> DiskUnavailable:
+    problem = disk_problem(directory, exc)
+    if isinstance(problem, DiskUnavailable):
+        return problem
+    # opening failed for another reason (a damaged file): unusable all the same
+    return DiskUnavailable(f"cannot open the disk cache in {directory}: {exc}")
+
+
 class DiskTier:
     """Chunk records under one cache directory, for one model fingerprint."""
 
     def __init__(self, directory: Path, fingerprint: str, level: int, budget_bytes: int) -> None:
-        # a symlink or another user's directory is refused, never followed and re-moded
-        private_dir(directory, "cache_dir")
+        """Raises DiskUnavailable (DiskFull) when the directory cannot be used: the
+        caller runs from RAM and tries again later."""
         self.directory = directory
         self.level = level
         self._fp = _codec.fingerprint_digest(fingerprint)
         self._lock = threading.Lock()
-        self._index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+        try:
+            # a symlink or another user's directory is refused, never followed and re-moded
+            private_dir(directory, "cache_dir")
+            self._index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+        except (OSError, sqlite3.Error, ConfigError, WarmstartError) as exc:
+            raise _as_unavailable(directory, exc) from exc
         try:
             self._blobs = diskcache.Cache(
                 str(directory / "blobs"),
@@ -105,11 +184,28 @@ class DiskTier:
                 cull_limit=16,
                 statistics=False,
             )
-        except (OSError, sqlite3.DatabaseError) as exc:
-            raise CacheError(f"cannot open the disk cache in {directory}: {exc}") from exc
-        (directory / "blobs").chmod(0o700)
-        for suffix in ("", "-wal", "-shm"):  # diskcache's own index, created by it
-            private_file(directory / "blobs" / f"cache.db{suffix}")
+            (directory / "blobs").chmod(0o700)
+            for suffix in ("", "-wal", "-shm"):  # diskcache's own index, created by it
+                private_file(directory / "blobs" / f"cache.db{suffix}")
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            self._index.close()
+            raise _as_unavailable(directory, exc) from exc
+
+    def writable(self) -> bool:
+        """Whether a small file can be written and synced here now (the way back
+        from a degraded tier: space freed, the file system writable again)."""
+        probe = self.directory / ".probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, bytes(256 << 10))  # room for more than a record header
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                probe.unlink(missing_ok=True)
+        except OSError:
+            return False
+        return True
 
     def rows(self) -> Iterator[IndexRow]:
         """Every indexed chunk of this fingerprint (no blob is read)."""
@@ -141,8 +237,8 @@ class DiskTier:
                     ),
                 )
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            if _is_disk_full(exc):
-                raise DiskFull(f"the cache disk is full ({self.directory})") from exc
+            if _is_disk_full(exc) or _is_unwritable(exc):
+                raise disk_problem(self.directory, exc) from exc
             raise CacheError(f"cannot write chunk {row.key.hex()}: {exc}") from exc
 
     def read_into(self, key: bytes, out: np.ndarray) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CacheError, DiskFull
+from ..errors import CacheError, DiskFull, DiskUnavailable
 from ._disk import DiskTier, IndexRow
 from ._keys import root_key
 from ._ledger import Hit, Ledger, Record
@@ -44,7 +45,13 @@ class TieredStore:
         low_watermark: float = 0.7,
         min_residency_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        reopen: Callable[[], DiskTier] | None = None,
+        disk_problem: str | None = None,
+        retry_s: float = 30.0,
     ) -> None:
+        """``reopen`` opens the disk tier again (raising DiskUnavailable): with it, a
+        tier that could not be opened (``disk`` None, ``disk_problem`` saying why) or
+        stopped being writable is tried again every ``retry_s`` seconds."""
         self.root = root_key(fingerprint)
         self.pool = pool
         self.disk = disk
@@ -60,10 +67,27 @@ class TieredStore:
             "disk_full": 0,
             "written": 0,
             "dropped": 0,
+            "disk_unavailable": 0,
         }
         self.disk_degraded = False
+        self.degraded_reason: str | None = None
+        self._reopen, self.retry_s = reopen, retry_s
+        self._last_try = time.monotonic()
         if disk is not None:
-            for row in disk.rows():
+            self._adopt(disk)
+        elif disk_problem is not None:
+            self._degrade(disk_problem)
+        self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
+        self._writer.start()
+
+    def _adopt(self, disk: DiskTier) -> None:
+        """Indexes what ``disk`` holds (no blob is read)."""
+        for row in disk.rows():
+            with self._lock:
+                existing = self.ledger.get(row.key)
+                if existing is not None:
+                    existing.on_disk = True
+                    continue
                 self.ledger.add(
                     Record(
                         row.key,
@@ -75,8 +99,54 @@ class TieredStore:
                         last_used=0.0,
                     )
                 )
-        self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
-        self._writer.start()
+
+    # a degraded disk tier ------------------------------------------------------
+    def _degrade(self, reason: str) -> None:
+        """Stops writing to disk; said once per episode (log, stats, /health, metric)."""
+        self.counters["disk_unavailable"] += 1
+        self._last_try = time.monotonic()
+        if not self.disk_degraded:
+            hint = "; `warmstart cache clear` resets a damaged cache" if self.disk is None else ""
+            log.warning(
+                "disk tier off: %s. Serving from RAM only; trying the disk again every %.0f s%s",
+                reason,
+                self.retry_s,
+                hint,
+            )
+        self.disk_degraded, self.degraded_reason = True, reason
+
+    def retry_now(self) -> None:
+        """Tries the degraded disk tier again at the writer's next turn."""
+        self._last_try = float("-inf")
+        self._writes.put(("noop", None))
+
+    def _maybe_recover(self) -> None:
+        """On the writer thread: brings the disk tier back once it can write again,
+        and writes through the chunks captured meanwhile (those still in RAM)."""
+        if not self.disk_degraded or time.monotonic() - self._last_try < self.retry_s:
+            return
+        self._last_try = time.monotonic()
+        if self.disk is None:
+            if self._reopen is None:
+                return
+            try:
+                disk = self._reopen()
+            except DiskUnavailable as exc:
+                self.degraded_reason = str(exc)
+                return
+            self._adopt(disk)
+            self.disk = disk
+        elif not self.disk.writable():
+            return
+        with self._lock:
+            self.disk_degraded, self.degraded_reason = False, None
+            pending = [r for r in self.ledger.records.values() if not r.on_disk]
+            for record in pending:
+                if record.slot is not None and self.pool is not None:
+                    record.pins += 1  # the write holds it until flushed, as in commit()
+                    payload = self.pool.view(record.slot, record.nbytes)
+                    self._writes.put(("put", (record, payload)))
+        log.warning("disk tier back: writing to the disk cache again (%d chunks)", len(pending))
 
     # lookup and reads ---------------------------------------------------------
     def lookup(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
@@ -261,12 +331,19 @@ class TieredStore:
                 n += 1
         return n
 
-    def promote(self, records: Sequence[Record], make_room: bool = True) -> int:
+    def promote(
+        self,
+        records: Sequence[Record],
+        make_room: bool = True,
+        stop: threading.Event | None = None,
+    ) -> int:
         """Brings disk-only chunks into the pool (off the request path); returns tokens
         promoted. Without ``make_room`` (prewarm) it stops at the high watermark rather
-        than demote chunks that are warm for a reason."""
+        than demote chunks that are warm for a reason; ``stop`` set ends it early."""
         tokens = 0
         for record in records:
+            if stop is not None and stop.is_set():
+                break
             if record.slot is not None or not record.on_disk or record.key not in self.ledger:
                 continue
             if self.pool is None or (not make_room and self.pool.fill() >= self.high):
@@ -278,7 +355,12 @@ class TieredStore:
     # the writer ----------------------------------------------------------------
     def _write_loop(self) -> None:
         while True:
-            item = self._writes.get()
+            try:
+                item = self._writes.get(timeout=self.retry_s)
+            except queue.Empty:
+                self._maybe_recover()
+                continue
+            self._maybe_recover()
             try:
                 if item is None:
                     return
@@ -300,12 +382,11 @@ class TieredStore:
                 payload.data,
             )
             ok = True
-        except DiskFull as exc:
+        except DiskUnavailable as exc:
             ok = False
-            self.counters["disk_full"] += 1
-            if not self.disk_degraded:
-                log.error("%s: the cache keeps serving from RAM and stops writing to disk", exc)
-            self.disk_degraded = True
+            if isinstance(exc, DiskFull):
+                self.counters["disk_full"] += 1
+            self._degrade(str(exc))
         except CacheError as exc:
             ok = False
             log.warning("%s", exc)
@@ -325,7 +406,12 @@ class TieredStore:
     def stats(self) -> dict[str, Any]:
         """Counts from what is really there: the disk figures come from the blobs on
         disk (after diskcache's evictions), not from what was once written."""
-        present = self.disk.present() if self.disk is not None else set()
+        present, used = set(), 0
+        if self.disk is not None:
+            try:
+                present, used = self.disk.present(), self.disk.bytes_on_disk()
+            except (OSError, sqlite3.Error) as exc:  # a damaged tier: its figures are unknown
+                log.debug("disk tier figures unavailable: %s", exc)
         with self._lock:
             self._forget_culled(present)
             records = list(self.ledger.records.values())
@@ -344,8 +430,9 @@ class TieredStore:
                     "chunks": sum(1 for r in records if r.on_disk),
                     "tokens": sum(len(r.tokens) for r in records if r.on_disk),
                     "kv_bytes": sum(r.nbytes for r in records if r.on_disk),
-                    "used_bytes": self.disk.bytes_on_disk() if self.disk else 0,
+                    "used_bytes": used,
                     "degraded": self.disk_degraded,
+                    "degraded_reason": self.degraded_reason,
                 },
                 "pending_writes": self._writes.qsize(),
             }

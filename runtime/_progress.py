@@ -1,0 +1,53 @@
+"""Progress for the CLI, through rich: a bar on a terminal, and nothing but log lines
+(no carriage returns) when stderr is a file, a pipe or a journal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import TracebackType
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+log = logging.getLogger(__name__)
+
+
+class Bar:
+    """``with Bar("calibrating", total) as bar: bar.update(done, "what")``."""
+
+    def __init__(self, title: str, total: float, stream: TextIO | None = None) -> None:
+        self.title, self.total = title, total
+        stream = stream if stream is not None else sys.stderr
+        self._live = stream.isatty()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if self._live:
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[what]}"),
+                console=Console(file=stream),
+                transient=False,
+            )
+
+    def __enter__(self) -> Bar:
+        if self._progress is not None:
+            self._progress.start()
+            self._task = self._progress.add_task(self.title, total=self.total, what="")
+        return self
+
+    def update(self, done: float, what: str = "") -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=done, what=what)
+        else:
+            log.info("%s: %s (%.0f%%)", self.title, what, 100 * done / max(self.total, 1e-9))
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()

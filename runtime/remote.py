@@ -1,0 +1,83 @@
+"""The running server, seen from the command line: `cache` and `sessions` ask it when
+one answers on the configured host and port (so they show and change what it holds),
+and fall back to the files, without loading a model, when none does."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from .errors import ConfigError, WarmstartError
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 0.5  # a server on this machine answers /health in milliseconds
+_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+class RemoteError(WarmstartError):
+    """The server answered with an error."""
+
+
+class Server:
+    """A warmstart server's own routes, through httpx."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self._client = client
+
+    @classmethod
+    def find(cls, settings: Settings) -> Server | None:
+        """The server of these settings when one answers /health now, else None."""
+        host = _ANY.get(settings.host, settings.host)
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        scheme = "https" if settings.tls_cert else "http"
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        client = httpx.Client(
+            base_url=f"{scheme}://{host}:{settings.port}",
+            headers=headers,
+            timeout=httpx.Timeout(30.0, connect=PROBE_TIMEOUT_S),
+            verify=str(settings.tls_cert) if settings.tls_cert else True,
+            trust_env=False,  # a proxy must never see the key or the conversations
+        )
+        try:
+            health = client.get("/health", timeout=PROBE_TIMEOUT_S)
+            if health.status_code == 200 and health.json().get("status"):
+                return cls(client)
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.debug("no server at %s: %s", client.base_url, exc)
+        client.close()
+        return None
+
+    def _call(self, method: str, path: str) -> Any:
+        response = self._client.request(method, "/v1/warmstart" + path)
+        if response.status_code == 401:
+            raise ConfigError(
+                f"api_key: the server at {self._client.base_url} asks for a key; "
+                "give the one it was started with (WARMSTART_API_KEY or api_key_file)"
+            )
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise RemoteError(f"the server answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/stats"))
+
+    def clear_cache(self) -> None:
+        self._call("POST", "/cache/clear")
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/sessions")["data"])
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        found = self._call("GET", f"/sessions/{session_id}")
+        return dict(found) if found is not None else None
+
+    def delete_session(self, session_id: str) -> bool:
+        return self._call("DELETE", f"/sessions/{session_id}") is not None
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,212 @@
+"""Ctrl-C and SIGTERM, as a user and systemd send them: `ask` and `chat` are driven
+through a pseudo-terminal (Ctrl-C is the byte 0x03 written to it, turned into
+SIGINT by the terminal), `serve` gets the signals. Measured: how soon the reply
+stops, what the conversation keeps, and that no traceback is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from warmstart.runtime.sessions import SessionBook
+
+pytestmark = pytest.mark.slow
+LONG = "Count from 1 to 500, one number per line."
+FLAGS = ["--n-ctx", "2048", "--chunk-tokens", "32"]
+FLAGS += ["--ram-pool-bytes", str(64 << 20), "--prewarm-sessions", "0"]
+CTRL_C = b"\x03"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("interrupts")
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    config = data_dir / "empty.toml"
+    config.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMSTART_")}
+    return {**env, "WARMSTART_CONFIG": str(config), "TERM": "dumb"}
+
+
+class Terminal:
+    """A command on a pseudo-terminal (the stdlib's pty; a tiny pexpect)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the pty is its controlling terminal
+            os.execvpe(argv[0], argv, env)
+        self.out = b""
+
+    def expect(self, wanted: bytes, timeout: float = 120.0, after: int = 0) -> float:
+        """Reads until ``wanted`` appears (after offset ``after``); returns when."""
+        deadline = time.monotonic() + timeout
+        while wanted not in self.out[after:]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(left):
+                raise AssertionError(f"{wanted!r} not seen; output:\n{self.text()}")
+        return time.monotonic()
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            chunk = os.read(self.fd, 4096)
+        except OSError:  # the child closed the terminal
+            return False
+        self.out += chunk
+        return bool(chunk)
+
+    def send(self, data: bytes) -> float:
+        os.write(self.fd, data)
+        return time.monotonic()
+
+    def wait(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read(0.1)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError(f"did not exit; output:\n{self.text()}")
+
+    def text(self) -> str:
+        return self.out.decode(errors="replace")
+
+
+def _start(data_dir: Path, model_path: Path, *args: str) -> Terminal:
+    argv = [sys.executable, "-m", "warmstart.runtime.cli", *args]
+    argv += ["--data-dir", str(data_dir), "--model", str(model_path), *FLAGS]
+    argv += ["--max-tokens", "1500"] if args[0] in ("ask", "chat") else []
+    return Terminal(argv, _env(data_dir))
+
+
+def _last_reply(data_dir: Path, session_id: str):  # type: ignore[no-untyped-def]
+    book = SessionBook(data_dir / "sessions.db")
+    try:
+        row = book.get(session_id)
+    finally:
+        book.close()
+    assert row is not None
+    return row.messages[-1]
+
+
+def test_ctrl_c_in_ask_stops_at_once_and_keeps_what_was_shown(
+    data_dir: Path, model_path: Path
+) -> None:
+    term = _start(data_dir, model_path, "ask", LONG, "--session", "asked")
+    term.expect(b"\n5")  # the reply is streaming
+    at = len(term.out)
+    pressed = term.send(CTRL_C)
+    stopped = term.expect(b"[interrupted]", timeout=30, after=at)
+    code = term.wait()
+    took = stopped - pressed
+    print(f"ask: stopped {took * 1000:.0f} ms after Ctrl-C")
+    assert took < 1.5, took  # 0.5 s asked; slack for a loaded 2-core machine
+    assert code == 130
+    assert "Traceback" not in term.text()
+    reply = _last_reply(data_dir, "asked")
+    assert reply.role == "assistant" and reply.interrupted
+    shown = term.text().split(LONG)[-1] if LONG in term.text() else term.text()
+    assert reply.content.strip() and reply.content.replace("\n", "\r\n") in shown
+    assert not reply.content.rstrip().endswith("500")  # cut short, not the whole reply
+
+
+def test_ctrl_c_in_chat_returns_to_the_prompt_and_a_second_one_leaves(
+    data_dir: Path, model_path: Path
+) -> None:
+    term = _start(data_dir, model_path, "chat", "--session", "chatted")
+    term.expect(b"> ")
+    at = len(term.out)
+    term.send(LONG.encode() + b"\n")
+    term.expect(b"\n5", after=at)
+    at = len(term.out)
+    pressed = term.send(CTRL_C)
+    stopped = term.expect(b"[interrupted]", timeout=30, after=at)
+    term.expect(b"> ", timeout=30, after=at)  # back at the prompt
+    took = stopped - pressed
+    print(f"chat: stopped {took * 1000:.0f} ms after Ctrl-C")
+    assert took < 1.5, took
+    term.send(CTRL_C)
+    assert term.wait() == 130
+    assert "Traceback" not in term.text()
+    reply = _last_reply(data_dir, "chatted")
+    assert reply.role == "assistant" and reply.interrupted and reply.content.strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(data_dir: Path, model_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = _free_port()
+    argv = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
+    argv += ["--data-dir", str(data_dir), "--model", str(model_path), *FLAGS]
+    proc = subprocess.Popen(
+        argv, env=_env(data_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError(proc.communicate()[0])
+    yield proc, base
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_shuts_down_cleanly_with_streams_in_flight(
+    server: tuple[subprocess.Popen[str], str], data_dir: Path, sig: signal.Signals
+) -> None:
+    proc, base = server
+    lines: list[str] = []
+    body = {"messages": [{"role": "user", "content": LONG}], "stream": True, "max_tokens": 1500}
+
+    def stream() -> None:
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines.extend(line for line in r.iter_lines() if line)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while len(lines) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    reader.join(timeout=30)
+    ended = time.monotonic()
+    output, _ = proc.communicate(timeout=60)
+    print(f"serve: {sig.name}: stream ended {1000 * (ended - sent):.0f} ms after the signal")
+    assert lines[-1] == "data: [DONE]"  # the client's stream ends properly
+    last = json.loads(lines[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] is not None
+    assert ended - sent < 5  # not uvicorn's 5 s graceful timeout, then a cut
+    assert proc.returncode in (0, 130), output
+    assert "Traceback" not in output and "CancelledError" not in output
+    for wal in (data_dir / "sessions.db-wal", data_dir / "cache" / "index.db-wal"):
+        assert not wal.exists() or wal.stat().st_size == 0, wal  # checkpointed
