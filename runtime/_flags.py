@@ -25,6 +25,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "n_gpu_layers",
         "type_kv",
         "flash_attn",
+        "extra_buffers",
+        "merge_batch_tokens",
         "overflow",
         "history",
         "no_cache",

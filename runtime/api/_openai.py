@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -70,10 +71,18 @@ async def _reply(
             include_usage=usage,
             on_done=st.metrics.observe,
             send_timeout=st.settings.send_timeout,
+            sock=_peer_socket(request),
         )
     text, report = await collect(request, events, st.limiter)
     st.metrics.observe(report)
     return JSONResponse(shape.whole(text, report))
+
+
+def _peer_socket(request: Request) -> socket.socket | None:
+    """The client's socket, when the server is warmstart's own (not a test client)."""
+    sockets = getattr(request.app.state, "peer_sockets", None)
+    client = request.scope.get("client")
+    return sockets.get(tuple(client)[:2]) if sockets is not None and client else None
 
 
 def _check_size(st: AppState, body: ChatCompletionRequest | CompletionRequest) -> None:

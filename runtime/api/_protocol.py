@@ -18,7 +18,7 @@ import logging
 import resource
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,6 +39,9 @@ RESERVED_FDS = 64
 class ConnectionLimits:
     max_connections: int
     header_timeout: float
+    # the open connections' sockets by peer (host, port): a streamed reply watches
+    # its kernel send queue to notice a client that stopped reading (see _sse.py)
+    sockets: dict[tuple[Any, ...], socket.socket] = field(default_factory=dict)
 
 
 def fd_bounded(max_connections: int) -> int:
@@ -74,6 +77,10 @@ class _GuardedH11(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._waiting_cycle: Any = None
         _tune_socket(transport)
+        self._peer = tuple((transport.get_extra_info("peername") or ())[:2])
+        sock = transport.get_extra_info("socket")
+        if sock is not None and self._peer:
+            self._limits.sockets[self._peer] = sock
         if len(self.connections) > self._limits.max_connections and not self._make_room():
             log.warning("%d connections open; refusing a new one", len(self.connections))
             transport.close()
@@ -125,6 +132,7 @@ class _GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._limits.sockets.pop(getattr(self, "_peer", ()), None)
         super().connection_lost(exc)
 
 

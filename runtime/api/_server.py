@@ -93,6 +93,7 @@ def serve(
         sock = bind_listener(settings)
     app = create_app(settings, runtime)
     limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
+    app.state.peer_sockets = limits.sockets
     config = uvicorn.Config(
         app,
         host=settings.host,

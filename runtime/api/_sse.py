@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -117,14 +119,32 @@ async def sse_chunks(
     yield _sse("[DONE]")
 
 
+QUEUE_POLL_S = 0.25
+
+
+def unsent_bytes(sock: socket.socket) -> int | None:
+    """Bytes in the socket's kernel send queue not yet acknowledged by the peer
+    (Linux's TIOCOUTQ/SIOCOUTQ); None where that cannot be asked."""
+    try:
+        import fcntl
+        import termios
+
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    return int(struct.unpack("i", raw)[0])
+
+
 class SSEResponse(StreamingResponse):
     """A text/event-stream reply. However it ends, a stream not read to its Done is
     cancelled and the body generator closed, so the runtime frees the slot now.
 
     Two ways a client leaves: it disconnects (watched for while the reply is
     computed, prefill included, not only when the next token is sent), or it stops
-    reading with its socket open: once the socket buffers are full a send waits, and
-    a send that waits longer than ``send_timeout`` seconds ends the reply."""
+    reading with its socket open: the kernel's send queue then holds bytes that never
+    drain, and ``send_timeout`` seconds of that end the reply (where the queue cannot
+    be asked, a send that waits longer than ``send_timeout`` once the buffers are full
+    does)."""
 
     media_type = "text/event-stream"
 
@@ -137,10 +157,12 @@ class SSEResponse(StreamingResponse):
         include_usage: bool,
         on_done: Callable[[Report], None],
         send_timeout: float = 5.0,
+        sock: socket.socket | None = None,
     ) -> None:
         self._stream = stream
         self._done = False
         self._send_timeout = send_timeout
+        self._sock = sock
 
         def finished(report: Report) -> None:
             self._done = True
@@ -151,6 +173,25 @@ class SSEResponse(StreamingResponse):
         )
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(self._chunks, headers=headers)
+
+    async def _watch_queue(self, scope: anyio.CancelScope) -> None:
+        """A reader who stopped leaves bytes in the kernel's send queue that never
+        drain; a slow one drains them, however slowly. Ends the reply when the queue
+        has held bytes without shrinking for ``send_timeout`` seconds, long before
+        the socket buffers fill at a few kilobytes of tokens a second."""
+        assert self._sock is not None
+        stalled, last = 0.0, 0
+        while True:
+            await anyio.sleep(QUEUE_POLL_S)
+            queued = unsent_bytes(self._sock)
+            if queued is None:
+                return  # not measurable here: the send timeout still applies
+            stalled = stalled + QUEUE_POLL_S if queued and queued >= last else 0.0
+            last = queued
+            if stalled >= self._send_timeout:
+                log.info("the client stopped reading; cancelling its generation")
+                scope.cancel()
+                return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def timed_send(message: Message) -> None:
@@ -167,6 +208,8 @@ class SSEResponse(StreamingResponse):
                     group.cancel_scope.cancel()
 
                 group.start_soon(watch)
+                if self._sock is not None:
+                    group.start_soon(self._watch_queue, group.cancel_scope)
                 try:
                     await self.stream_response(timed_send)
                 except OSError as exc:  # TimeoutError too: the client stopped reading
