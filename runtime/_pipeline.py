@@ -108,6 +108,10 @@ class Job:
                 engine.prefill(res, self.ids[have : ends[-1]], want_logits=last, ends=ends)
                 have = ends[-1]
                 if not last:
+                    if engine.model.n_swa > 0:
+                        # a sliding-window cache keeps only the window's cells in a
+                        # snapshot: cut each batch's chunk while it is still inside
+                        self._keep(res, list(res.bounds))
                     yield
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
             if self.want_logits:  # the next-token distribution is the answer (tests, bench)
@@ -131,6 +135,11 @@ class Job:
         finally:
             if sampler is not None:
                 sampler.close()
+            if not share:
+                # nothing of it was stored: left live, it would be reused by the next
+                # cached request without its chunks ever being kept (and a sliding-
+                # window model's early chunks can only be cut while they are prefilled)
+                engine.evict(res, counted=False)
             engine.release(res)
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:

@@ -30,6 +30,7 @@ from ._sampling import Sampler
 from ._template import template_for
 
 log = logging.getLogger(__name__)
+BLOB_PRETOUCH_BYTES = 256 << 20
 CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
 
 
@@ -159,6 +160,10 @@ class Engine:
             else self._measure_layout()
         )
         self.kv_bytes_per_token = self.layout.cell_bytes
+        # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and a
+        # restore assembles a whole prefix here (a bigger one grows it when needed)
+        whole = _kvblob.assembled_bytes(self.layout, self.n_ctx)
+        self._blob = np.ones(min(whole, BLOB_PRETOUCH_BYTES), dtype=np.uint8)
         self.chunkable = not self.model.recurrent
         if not self.chunkable:
             log.warning(
@@ -275,10 +280,11 @@ class Engine:
         del res.tokens[n:]
         res.bounds = [b for b in res.bounds if b <= n]
 
-    def evict(self, res: Resident) -> None:
+    def evict(self, res: Resident, counted: bool = True) -> None:
+        """Empties ``res``; ``counted``: a conversation pushed out (stats)."""
         if res.tokens:
             self.ctx.seq_rm(res.seq)
-            self.evictions += 1
+            self.evictions += int(counted)
         res.tokens, res.bounds, res.session = [], [], None
 
     # computing ------------------------------------------------------------------------
