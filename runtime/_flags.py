@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import types
 import typing
+from dataclasses import fields
 from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from .policy import Tuning
 from .settings import Settings
 
 # Which settings each kind of command uses; every setting is in one group.
@@ -81,21 +83,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 }
 EXTRA = {"sessions": ("cache_dir",), "cache": ("cache_dir",)}  # files they fall back to
 # None on these means "the policy chooses from this machine"
-TUNABLES = frozenset(
-    {
-        "n_ctx",
-        "resident_sequences",
-        "n_threads",
-        "ram_pool_bytes",
-        "disk_budget_bytes",
-        "chunk_tokens",
-        "swap_in_threshold_tokens",
-        "high_watermark",
-        "low_watermark",
-        "zstd_level",
-        "prewarm_sessions",
-    }
-)
+TUNABLES = frozenset(f.name for f in fields(Tuning) if f.name != "reasons")
 NOTE = "each also WARMSTART_<NAME> or a line of the config file"
 
 
