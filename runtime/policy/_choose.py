@@ -167,7 +167,9 @@ def _chunk(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
     # re-prefilled from its start: keep that (half a chunk on average) short; but
     # never under MIN_BATCH, below which batches cost a CPU far more a token.
     redo = 2 ** math.floor(math.log2(max(2 * REDO_BUDGET_S * rates.prefill_tps, MIN_BATCH)))
-    tokens = max(16, min(tokens, redo, 1024, max(n_ctx // 8, 16)))
+    # a chunk is a prefill batch: never under MIN_BATCH (large-KV models would get a
+    # few MiB of 16-token batches), nor over a quarter of the context
+    tokens = min(max(MIN_BATCH, min(tokens, redo, 1024)), max(n_ctx // 4, 16))
     return tokens, (
         f"{tokens} tokens = {tokens * kvb / MiB:.1f} MiB a transfer (about "
         f"{target / MiB:.0f} MiB wanted so the {fixed_ms:.2f} ms fixed cost stays small), "
