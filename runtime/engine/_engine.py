@@ -316,12 +316,15 @@ class Engine:
     def snapshot(self, seq: int) -> list[Any]:
         """Reads ``seq``'s whole KV state once and parses it; returns [layout, *views]
         (views are slices of a buffer reused by the next snapshot or restore)."""
-        size = self.ctx.state_size(seq)
-        if self._blob.nbytes < size:
-            self._blob = np.empty(size, dtype=np.uint8)
-        n = self.ctx.state_get_into(seq, self._blob)
+        n = self.ctx.state_get_into(seq, self._room(self.ctx.state_size(seq)))
         layout, views = _kvblob.parse(self._blob[:n], self.model.n_layer, self._n_caches())
         return [layout, *views]
+
+    def _room(self, size: int) -> np.ndarray:
+        """The buffer snapshots and restores share, grown to ``size`` bytes if needed."""
+        if self._blob.nbytes < size:
+            self._blob = np.empty(size, dtype=np.uint8)
+        return self._blob
 
     def _n_caches(self) -> int:
         return 2 if self.model.n_swa > 0 else 1
@@ -339,9 +342,7 @@ class Engine:
         n = bounds[-1]
         if res.copy_pending:
             return False
-        size = _kvblob.assembled_bytes(self.layout, n)
-        if self._blob.nbytes < size:
-            self._blob = np.empty(size, dtype=np.uint8)
+        self._room(_kvblob.assembled_bytes(self.layout, n))
         try:
             size = _kvblob.assemble(chunks, self.layout, self._blob)
         except EngineError as exc:
