@@ -29,6 +29,9 @@ class Sampling:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    # a GBNF grammar (root rule ``root``) the reply must match: JSON output, forced
+    # tool calls; applied before any other step of the chain
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
