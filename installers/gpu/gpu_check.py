@@ -82,7 +82,8 @@ def model_section(path: Path, geometry: str) -> dict[str, Any]:
 
 
 def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "bench", "--json"]
+    # -X faulthandler: a crash in native code still names the Python line that called it
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "warmstart.runtime.cli", "bench", "--json"]
     cmd += ["--model", str(model), "--data-dir", str(data_dir), "--n-gpu-layers", "-1"]
     cmd += ["--prewarm-sessions", "0"]
     if args.quick:
@@ -92,7 +93,7 @@ def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict
         cmd += ["--system-tokens", str(args.system_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"warmstart bench failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        raise RuntimeError(f"warmstart bench failed ({proc.returncode}): {proc.stderr[-8000:]}")
     return dict(json.loads(proc.stdout))
 
 
