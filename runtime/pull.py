@@ -171,12 +171,16 @@ def _fetch(source: Source, part: Path, have: int, show: bool, watch: Watch) -> N
             f.seek(have)
             f.truncate()
             watch.update(have, source.size)
-            for block in r.iter_bytes(BLOCK):
+            # as the bytes come (not in BLOCK-sized pieces), so that progress moves and a
+            # cancel is seen on a slow line; a stalled one is seen at the read timeout
+            for block in r.iter_bytes():
                 f.write(block)
                 have += len(block)
                 bar.update(len(block))
                 watch.update(have, source.size)
     except httpx.HTTPError as exc:
+        if watch.cancel.is_set():  # the connection failed after the user stopped it
+            raise Cancelled("the download was cancelled; it resumes where it stopped") from exc
         raise _offline(source.url.split("/", 3)[2], exc) from exc
     finally:
         bar.close()

@@ -176,7 +176,7 @@ def test_a_watched_pull_reports_progress_and_a_cancel_keeps_the_part(
 
     def stop_after_the_first_block(done: int, total: int | None) -> None:
         seen.append((done, total))
-        if done >= pull.BLOCK:
+        if done >= 1 << 20:
             watch.cancel.set()
 
     watch = pull.Watch(progress=stop_after_the_first_block)
