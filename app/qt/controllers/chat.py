@@ -42,12 +42,17 @@ class ChatController(QObject):
         jobs: Jobs,
         preferences: Callable[[], Preferences],
         parent: QObject | None = None,
+        *,
+        model: Callable[[], str | None] | None = None,
     ) -> None:
+        """``model``: the model requests name (the picker's, once the server has it);
+        by default the preferences' own."""
         super().__init__(parent)
         self._store = store
         self._connection = connection
         self._jobs = jobs
         self._prefs = preferences
+        self._model = model or (lambda: self._prefs().model or None)
         self.current: str | None = None
         self._runner: StreamRunner | None = None
         self._streaming_cid: str | None = None
@@ -160,7 +165,7 @@ class ChatController(QObject):
         if prefs.system_prompt:
             history.insert(0, {"role": "system", "content": prefs.system_prompt})
         stream = self._connection.backend.chat(
-            history, session_id=cid, model=prefs.model or None, sampling=prefs.sampling
+            history, session_id=cid, model=self._model(), sampling=prefs.sampling
         )
         runner = StreamRunner(stream, self._jobs.pool, self)
         runner.delta.connect(self._on_delta)
