@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import AppError
+from .errors import AppError, DownloadCancelled, DownloadFailed
 from .report import format_bytes
 
 if TYPE_CHECKING:
@@ -26,14 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 FIT_LABELS = {"gpu": "fits (GPU)", "ram": "fits (CPU)", "no": "too big"}
 Progress = Callable[[int, int | None], None]  # bytes done, bytes in all (None: unknown)
-
-
-class DownloadFailed(AppError):
-    """A download could not finish (offline, refused, wrong checksum, no space)."""
-
-
-class DownloadCancelled(AppError):
-    """The user stopped a download; its partial file stays, so the next one resumes."""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from ...core.errors import ModelMissing, describe
-from ...core.models import DownloadCancelled, LocalListing, LocalModels, ModelInfo, merge
+from ...core.errors import DownloadCancelled, ModelMissing, describe
+from ...core.models import LocalListing, LocalModels, ModelInfo, merge
 from ..workers import Jobs
 from .connection import ConnectionController
 
