@@ -278,6 +278,7 @@ class WarmstartApp:
         private_file(self._settings_path())
         self.memory.stop()
         self.chat.stop()
+        self.models.shutdown()
         self.connection.shutdown()
         self.jobs.wait(5000)
         self.store.close()

@@ -312,3 +312,16 @@ def test_no_downloads_for_a_server_elsewhere(qtbot, server, app_data):
     assert not picker.download_button.isEnabled() and "local server" in picker.note.text()
     assert app.models.download("qwen2.5-0.5b") is False
     app.window.close()
+
+
+def test_closing_the_window_stops_a_download(qtbot, server, hub, app_data, tmp_path):
+    hub.add_hub_file(REPO, "tiny.gguf", TINY)
+    hub.throttle = 0.05
+    local = local_models(tmp_path, None)
+    app = make_app(qtbot, app_data, server.url, local)
+    pick(qtbot, app, "tiny", "download")
+    qtbot.waitUntil(lambda: app.window.models.progress.value() > 0, timeout=WAIT)
+    app.window.close()
+    part = local.models_dir / "tiny.gguf.part"
+    assert 0 < part.stat().st_size < len(TINY)  # stopped, kept for the next run
+    assert not (local.models_dir / "tiny.gguf").exists()

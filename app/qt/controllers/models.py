@@ -58,6 +58,9 @@ class ModelController(QObject):
         self.loading = ""
         self.downloading = ""
         self._cancel = threading.Event()
+        # A download runs for minutes: its own thread, so that replies and polls never
+        # wait behind it for one of the shared pool's few.
+        self._downloads = Jobs(self, max_threads=1)
         self._bytes.connect(self._on_bytes)
         connection.became_ready.connect(lambda _h: self.refresh())
 
@@ -169,7 +172,7 @@ class ModelController(QObject):
                 last[0] = now
                 self._bytes.emit(name, done, total)
 
-        self._jobs.submit(
+        self._downloads.submit(
             lambda: local.download(name, progress, cancel),
             lambda _path: self._on_downloaded(name),
             lambda exc: self._on_download_failed(name, exc),
@@ -178,6 +181,11 @@ class ModelController(QObject):
 
     def cancel_download(self) -> None:
         self._cancel.set()
+
+    def shutdown(self, wait_ms: int = 5000) -> None:
+        """Stops a download (its partial file stays for the next run to resume)."""
+        self._cancel.set()
+        self._downloads.wait(wait_ms)
 
     def _on_bytes(self, name: str, done: object, total: object) -> None:
         if name != self.downloading:
