@@ -203,7 +203,7 @@ class WarmstartApp:
         chat.reply_finished.connect(view.finish_reply)
         chat.busy_changed.connect(view.set_busy)
         chat.status.connect(w.status_label.setText)
-        chat.error.connect(lambda text: view.show_error(text, "chat"))
+        chat.error.connect(self._on_chat_error)
         chat.conversations_changed.connect(self.library.reload)
         chat.conversations_changed.connect(lambda: self._select(chat.current))
         chat.report_received.connect(self.memory.add_report)
@@ -394,6 +394,12 @@ class WarmstartApp:
             "ready": "● connected",
             "down": "● server down",
         }.get(state, state)
+
+    def _on_chat_error(self, text: str) -> None:
+        # A reply lost with the server is the connection's reason, gone when it is back;
+        # any other stays until the user dismisses it or sends again.
+        lost = bool(text) and self.connection.state == "down"
+        self.window.chat.show_error(text, "connection" if lost else "chat")
 
     def _on_connection_message(self, text: str) -> None:
         # The connection clears only its own reason: a failed reply's or a model's

@@ -325,3 +325,25 @@ def test_closing_the_window_stops_a_download(qtbot, server, hub, app_data, tmp_p
     part = local.models_dir / "tiny.gguf.part"
     assert 0 < part.stat().st_size < len(TINY)  # stopped, kept for the next run
     assert not (local.models_dir / "tiny.gguf").exists()
+
+
+def test_server_down_shows_until_it_is_back_and_other_reasons_stay(qtbot, fake_server, app_data):
+    """Errors stay until dismissed, except "the server is not answering", which the
+    connection clears itself when the server is back (the slow real-server test checks
+    the same on the real model)."""
+    ws = fake_server()
+    app = make_app(qtbot, app_data, ws.url)
+    view = app.window.chat
+    ws.stop()
+    qtbot.keyClicks(view.composer, "are you there?")
+    qtbot.keyClick(view.composer, Qt.Key.Key_Return)
+    qtbot.waitUntil(view.error_banner.isVisible, timeout=WAIT)
+    assert "not answering" in view.error_banner.label.text()
+    view.show_error("a model's reason", "models")  # newer: shown over the connection's
+    assert view.error_banner.label.text() == "a model's reason"
+    qtbot.mouseClick(view.error_banner.dismiss_button, Qt.MouseButton.LeftButton)
+    assert "not answering" in view.error_banner.label.text()  # the older one again
+    ws.start()
+    qtbot.waitUntil(lambda: app.connection.ready, timeout=WAIT)
+    qtbot.waitUntil(lambda: not view.error_banner.isVisible(), timeout=WAIT)
+    app.window.close()

@@ -210,6 +210,8 @@ class ChatController(QObject):
         msg = self._store.append(cid, "assistant", text) if text else None
         if cid == self.current:
             self.reply_finished.emit(msg)
+        # The connection first: a lost server turns it "down" before the reason shows,
+        # so the window can tell that reason is the connection's (cleared on its return).
+        self._connection.report_error(exc)
         self.error.emit(describe(exc))
         self.status.emit("The reply failed.")
-        self._connection.report_error(exc)
