@@ -62,7 +62,7 @@ class ModelController(QObject):
         # wait behind it for one of the shared pool's few.
         self._downloads = Jobs(self, max_threads=1)
         self._bytes.connect(self._on_bytes)
-        connection.became_ready.connect(lambda _h: self.refresh())
+        connection.became_ready.connect(lambda _h: self._on_connected())
 
     @property
     def can_download(self) -> bool:
@@ -75,6 +75,11 @@ class ModelController(QObject):
         return (self.current or None) if self._confirmed else None
 
     # -- listing -----------------------------------------------------------------------
+
+    def _on_connected(self) -> None:
+        # maybe another server, or one restarted without our model: ask it again
+        self._confirmed = False
+        self.refresh()
 
     def refresh(self) -> None:
         backend, local = self._connection.backend, self._local()
