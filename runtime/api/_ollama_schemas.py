@@ -38,8 +38,9 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     def refuse_extras(self, prefix: str = "") -> None:
-        for name in self.model_extra or {}:
-            raise unsupported(prefix + name)
+        for name, value in (self.model_extra or {}).items():
+            if value is not None:  # null asks for nothing
+                raise unsupported(prefix + name)
 
 
 class Options(_Body):
