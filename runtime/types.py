@@ -89,6 +89,15 @@ class Report:
 
 
 @dataclass(frozen=True)
+class Embeddings:
+    """Unit-length vectors, one per input text, and the tokens they took."""
+
+    model: str
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class Token:
     """A piece of the reply's text, streamed as soon as it is decoded."""
 
