@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine._tools import check_choice, new_call_id
 from .errors import Busy, ContextOverflow, RequestError
 from .streams import QueueStream
-from .types import TIERS, Message, Report, Request, SessionInfo, Stream
+from .types import TIERS, Message, Report, Request, SessionInfo, Stream, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +269,9 @@ class FakeRuntime:
             raise RequestError("messages must not be empty", "messages")
         if request.prompt is not None and request.messages:
             raise RequestError("give either messages or prompt, not both", "prompt")
-        if any(m.role not in ("system", "user", "assistant") for m in request.messages):
-            raise RequestError("a message role must be system, user or assistant", "messages")
+        if any(m.role not in ("system", "user", "assistant", "tool") for m in request.messages):
+            raise RequestError("a message role must be system, user, assistant or tool", "messages")
+        check_choice(request)
         s = request.sampling
         if not 0.0 <= s.temperature <= 2.0:
             raise RequestError("temperature must be between 0 and 2", "temperature")
@@ -403,7 +405,7 @@ class FakeRuntime:
         if not job.sent:
             report.ttft_ms = report.total_ms
         self._remember(job, report)
-        job.stream.finish(report)
+        job.stream.finish(report, _tool_reply(job.request, "".join(job.sent)))
         return True
 
     def _remember(self, job: _Job, report: Report) -> None:
@@ -431,6 +433,17 @@ class FakeRuntime:
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()
+
+
+def _tool_reply(request: Request, text: str) -> Message | None:
+    """A request with tools: a forced call is made (with no arguments), else the
+    text is the answer. The real model's formats are tested on the real model."""
+    if not request.uses_tools:
+        return None
+    if request.tool_choice == "auto":
+        return Message("assistant", text)
+    name = request.tools[0].name if request.tool_choice == "required" else request.tool_choice
+    return Message("assistant", "", tool_calls=(ToolCall(new_call_id(), name, "{}"),))
 
 
 def _first_user(messages: tuple[Message, ...]) -> str:
