@@ -247,9 +247,9 @@ def has_tool_turns(messages: tuple[Message, ...]) -> bool:
 def plan(request: Request, fmt: Format) -> ToolPlan | None:
     """The plan for a request with tools or tool turns; None for any other (whose
     rendering stays exactly what it was)."""
+    check_choice(request)
     if not request.tools and not has_tool_turns(request.messages):
         return None
-    check_choice(request)
     if fmt != "generic":
         tools = [_native_tool(t) for t in request.tools] if request.uses_tools else None
         return ToolPlan(fmt, request.messages, tools or None, request)
