@@ -440,7 +440,7 @@ def _tool_reply(request: Request, text: str) -> Message | None:
     text is the answer. The real model's formats are tested on the real model."""
     if not request.uses_tools:
         return None
-    if request.tool_choice == "auto":
+    if request.tool_choice in ("auto", "none"):
         return Message("assistant", text)
     name = request.tools[0].name if request.tool_choice == "required" else request.tool_choice
     return Message("assistant", "", tool_calls=(ToolCall(new_call_id(), name, "{}"),))

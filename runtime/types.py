@@ -73,12 +73,15 @@ class Request:
     use_cache: bool = True
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = "auto"  # honoured only when ``tools`` is not empty
-    parallel_tool_calls: bool = True
+    # more than one call in a reply: off unless asked, as in llama.cpp (a small model
+    # repeats its call until max_tokens)
+    parallel_tool_calls: bool = False
 
     @property
     def uses_tools(self) -> bool:
-        """Does the reply come back as tool calls and/or text (not as raw text)?"""
-        return bool(self.tools) and self.tool_choice != "none"
+        """Is the reply read back as tool calls and/or text (not returned raw)? With
+        any tools, whatever the choice: the same prompt serves every choice."""
+        return bool(self.tools)
 
 
 @dataclass

@@ -176,7 +176,9 @@ class ChatCompletionRequest(_Sampled):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="auto (the default with tools), none, required, or one function"
     )
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = Field(
+        None, description="allow several calls in one reply (off unless true, as in llama.cpp)"
+    )
 
     def text_chars(self) -> int:
         tools = sum(len(t.to_tool().parameters) for t in self.tools or ())
@@ -193,7 +195,7 @@ class ChatCompletionRequest(_Sampled):
             tools=tuple(t.to_tool() for t in self.tools or ()),
             tool_choice=(choice.function.name if isinstance(choice, NamedToolChoice) else choice)
             or "auto",
-            parallel_tool_calls=self.parallel_tool_calls,
+            parallel_tool_calls=bool(self.parallel_tool_calls),
         )
 
 

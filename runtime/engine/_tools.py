@@ -83,25 +83,56 @@ def _call(name: Any, arguments: Any) -> ToolCall | None:
 
 
 def parse_generic(text: str) -> Message:
-    """``{"tool_calls": [{"name", "arguments"}]}`` or ``{"response": "..."}``; any
-    other output (cut short by max_tokens, say) is kept as text."""
+    """``{"tool_calls": [{"name", "arguments"}]}`` or ``{"response": "..."}``. Output
+    cut short by max_tokens keeps the calls it completed; any other output is text."""
     value = _loads(text.strip())
     if not isinstance(value, dict):
-        return Message("assistant", text)
+        calls = _complete_calls(text)
+        return Message("assistant", "" if calls else text, tool_calls=calls)
     items = value.get("tool_calls")
     if isinstance(value.get("tool_call"), dict):
         items = [value["tool_call"]]
-    calls = [
-        _call(item.get("name"), item.get("arguments"))
-        for item in (items if isinstance(items, list) else [])
-        if isinstance(item, dict)
-    ]
+    found = _calls_of(items if isinstance(items, list) else [])
     response = value.get("response")
-    content = response if isinstance(response, str) else ""
-    found = tuple(c for c in calls if c is not None)
     if not found and not isinstance(response, str):
         return Message("assistant", text)
+    content = response if isinstance(response, str) else ""
     return Message("assistant", content, tool_calls=found)
+
+
+def _calls_of(items: list[Any]) -> tuple[ToolCall, ...]:
+    """The calls among ``items``; a call repeated with the same arguments is made once
+    (small models repeat one until max_tokens)."""
+    seen: set[tuple[Any, str]] = set()
+    calls = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        call = _call(item.get("name"), item.get("arguments"))
+        if call is not None and (call.name, call.arguments) not in seen:
+            seen.add((call.name, call.arguments))
+            calls.append(call)
+    return tuple(calls)
+
+
+def _complete_calls(text: str) -> tuple[ToolCall, ...]:
+    """The whole call objects at the start of a ``{"tool_calls": [`` cut short."""
+    head = re.match(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*', text)
+    if head is None:
+        return ()
+    decoder = json.JSONDecoder(strict=False)
+    items, at = [], head.end()
+    while True:
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        items.append(item)
+        comma = re.match(r"\s*,\s*", text[at:])
+        if comma is None:
+            break
+        at += comma.end()
+    return _calls_of(items)
 
 
 def parse_hermes(text: str) -> Message:
@@ -161,16 +192,19 @@ class ToolPlan:
     def offered(self) -> tuple[Tool, ...]:
         """The tools the model may call under the request's tool_choice."""
         choice = self.request.tool_choice
+        if choice == "none":
+            return ()
         if choice in ("auto", "required"):
             return self.request.tools
         return tuple(t for t in self.request.tools if t.name == choice)
 
     def forced(self) -> bool:
-        return self.active and self.request.tool_choice != "auto"
+        return self.active and self.request.tool_choice not in ("auto", "none")
 
     def grammar(self) -> str | None:
-        """The GBNF the reply must match: the generic format always (a JSON object),
-        a native one only where a call is forced (else the model may answer in text)."""
+        """The GBNF the reply must match: in the generic format always (one JSON
+        object, of the shapes tool_choice allows), in a native one only where a call
+        is forced (else the model may answer in text)."""
         if not self.active:
             return None
         if self.format == "generic":
@@ -196,11 +230,16 @@ class ToolPlan:
         if not self.request.parallel_tool_calls:
             calls["maxItems"] = 1
         call = _object({"tool_calls": calls})
+        answer = _object({"response": {"type": "string"}})
+        if self.request.tool_choice == "none":
+            return answer
         if self.forced():
             return call
-        return {"anyOf": [call, _object({"response": {"type": "string"}})]}
+        return {"anyOf": [call, answer]}
 
     def parse(self, text: str) -> Message:
+        if self.format != "generic" and self.request.tool_choice == "none":
+            return Message("assistant", text)  # the template was given no tools
         return PARSERS[self.format](text)
 
 
@@ -251,7 +290,8 @@ def plan(request: Request, fmt: Format) -> ToolPlan | None:
     if not request.tools and not has_tool_turns(request.messages):
         return None
     if fmt != "generic":
-        tools = [_native_tool(t) for t in request.tools] if request.uses_tools else None
+        offered = request.tools if request.tool_choice != "none" else ()
+        tools = [_native_tool(t) for t in offered]
         return ToolPlan(fmt, request.messages, tools or None, request)
     draft = ToolPlan(fmt, request.messages, None, request)
     messages = _generic_turns(request.messages, wrap_replies=draft.active)
@@ -269,18 +309,17 @@ def _native_tool(tool: Tool) -> dict[str, Any]:
 
 
 def _generic_instructions(draft: ToolPlan) -> str:
+    """The same text whatever tool_choice says (the grammar enforces that), so every
+    turn of a conversation shares this prefix, and its cache."""
     listed = [
         {"name": t.name, "description": t.description, "parameters": _schema(t)}
-        for t in draft.offered()
+        for t in draft.request.tools
     ]
     call = '{"tool_calls": [{"name": "<tool name>", "arguments": {<its arguments>}}]}'
-    if draft.forced():
-        answer = f"Reply with one JSON object and nothing else, calling the tools: {call}"
-    else:
-        answer = (
-            f"Reply with one JSON object and nothing else: {call} to call tools, or "
-            '{"response": "<your answer>"} to answer the user.'
-        )
+    answer = (
+        f"Reply with one JSON object and nothing else: {call} to call tools, or "
+        '{"response": "<your answer>"} to answer the user.'
+    )
     return f"You can call these tools:\n{_dumps(listed)}\n{answer}"
 
 
