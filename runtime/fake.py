@@ -404,11 +404,12 @@ class FakeRuntime:
         report.total_ms = (time.perf_counter() - job.submitted) * 1000
         if not job.sent:
             report.ttft_ms = report.total_ms
-        self._remember(job, report)
-        job.stream.finish(report, _tool_reply(job.request, "".join(job.sent)))
+        reply = _tool_reply(job.request, "".join(job.sent))
+        self._remember(job, report, reply)
+        job.stream.finish(report, reply)
         return True
 
-    def _remember(self, job: _Job, report: Report) -> None:
+    def _remember(self, job: _Job, report: Report, tool_reply: Message | None = None) -> None:
         """Stores the conversation's tokens and counts the request."""
         now = time.time()
         reply = "".join(job.sent)
@@ -429,7 +430,8 @@ class FakeRuntime:
                 entry = _Entry(job.session_id, title, now)
                 self._entries[job.session_id] = entry
             entry.tokens = tokenize(render(job.request) + reply)
-            entry.messages = (*job.request.messages, Message("assistant", reply.strip()))
+            turn = tool_reply or Message("assistant", reply.strip())
+            entry.messages = (*job.request.messages, turn)
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()

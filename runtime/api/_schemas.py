@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import RequestError
 from ..types import Message, Request, Sampling, Tool, ToolCall
@@ -70,21 +78,35 @@ class ToolCallIn(_Body):
 class ChatMessage(_Body):
     # "developer" is what newer OpenAI clients send for the system prompt.
     role: Literal["system", "developer", "user", "assistant", "tool"]
+    # declared before content, which is checked against it
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
     # Null only on an assistant turn that calls tools; any other turn without text is
     # a client error, not an empty turn.
     content: Text | list[TextPart] | None = Field(...)
-    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
-    tool_call_id: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=256)] | None = Field(
+        None, validate_default=True, description="on a tool message: the call it answers"
+    )
     name: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _answers_a_call(cls, value: object, info: ValidationInfo) -> object:
+        if value is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _content_or_calls(cls, value: object, info: ValidationInfo) -> object:
+        calls = info.data.get("tool_calls")
+        if value is None and not (info.data.get("role") == "assistant" and calls):
+            raise ValueError("content may be null only on an assistant message with tool_calls")
+        return value
 
     @model_validator(mode="after")
     def _turn_shape(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only an assistant message may carry tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content may be null only on an assistant message with tool_calls")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs the tool_call_id of the call it answers")
         return self
 
     def to_message(self) -> Message:

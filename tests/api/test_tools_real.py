@@ -126,6 +126,12 @@ def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert not answer.choices[0].message.tool_calls
     assert (answer.choices[0].message.content or "").strip()
+    # the session keeps every turn: the call as made, the result, the answer
+    session = (answer.model_extra or {})["x_warmstart"]["session_id"]
+    kept = httpx.get(f"{client.base_url}warmstart/sessions/{session}", timeout=30).json()
+    roles = [m["role"] for m in kept["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert kept["messages"][1]["tool_calls"][0]["id"] == call.id
 
 
 def test_round_trip_streamed(client: openai.OpenAI) -> None:
