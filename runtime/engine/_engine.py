@@ -207,16 +207,7 @@ class Engine:
         tools = plan.tools if plan else None
         if plan and plan.format != "generic":
             self._check_native_tools(plan)
-        try:
-            parts = self.template.render_parts(messages, add_generation_prompt=True, tools=tools)
-        except RequestError as exc:
-            if plan is None or plan.format != "generic":
-                raise
-            raise RequestError(
-                f"this model's chat template has no tool support, and it refused the "
-                f"turns that describe tools in plain messages: {exc}",
-                param="tools",
-            ) from exc
+        parts = _tools.render_parts(self.template, plan, messages)
         ids = self.prompter.chat_ids(parts, messages)
         system = [m for m in messages[:1] if m.role == "system"]
         if not system or len(messages) < 2:

@@ -21,10 +21,13 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import RequestError
 from ..types import Message, Request, Tool, ToolCall
+
+if TYPE_CHECKING:
+    from ._template import ChatTemplate, Part
 
 Format = Literal["generic", "hermes", "llama3"]
 
@@ -358,3 +361,22 @@ def _generic_turns(messages: tuple[Message, ...], wrap_replies: bool) -> tuple[M
         else:
             out.append(m)
     return tuple(out)
+
+
+def render_parts(
+    template: ChatTemplate, plan: ToolPlan | None, messages: tuple[Message, ...]
+) -> list[Part]:
+    """The prompt's parts, rendered as the plan says. A template that refuses even the
+    generic turns (plain system, user and assistant messages) is a clear 400: the
+    model's template has no tool support."""
+    tools = plan.tools if plan else None
+    try:
+        return template.render_parts(messages, add_generation_prompt=True, tools=tools)
+    except RequestError as exc:
+        if plan is None or plan.format != "generic":
+            raise
+        raise RequestError(
+            "this model's chat template has no tool support, and it refused the plain "
+            f"turns that describe the tools and calls instead: {exc}",
+            param="tools",
+        ) from exc

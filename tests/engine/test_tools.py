@@ -207,3 +207,17 @@ def test_rendering_without_tools_is_unchanged() -> None:
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+
+
+def test_a_template_that_cannot_take_tools_is_a_clear_400() -> None:
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    template = ChatTemplate(strict, "", "")
+    plan = _tools.plan(_request(messages=HISTORY[1:2]), "generic")
+    assert plan is not None
+    with pytest.raises(RequestError) as err:
+        _tools.render_parts(template, plan, plan.messages)
+    assert err.value.param == "tools" and "no tool support" in str(err.value)
