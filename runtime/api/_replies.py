@@ -54,7 +54,8 @@ class Shape:
 
     kind: Literal["chat", "completion"]
     model: str
-    # the reply is read back as tool calls: streamed once whole, not token by token
+    # the reply is read back (tool calls and/or text): streamed once whole, not token
+    # by token, since its raw text may be the JSON of a call
     tools: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))

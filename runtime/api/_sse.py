@@ -66,7 +66,7 @@ async def collect_done(
 ) -> tuple[str, Done]:
     """As ``collect``, with the whole Done event (a tool-call reply rides on it)."""
     parts: list[str] = []
-    report: Done | None = None
+    done: Done | None = None
     failure: BaseException | None = None
 
     async with anyio.create_task_group() as group:
@@ -83,15 +83,15 @@ async def collect_done(
                 if isinstance(event, Token):
                     parts.append(event.text)
                 else:
-                    report = event
+                    done = event
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
             failure = exc
         group.cancel_scope.cancel()
     if failure is not None:
         raise failure
-    if report is None:
+    if done is None:
         raise Cancelled("the client disconnected")
-    return "".join(parts), report
+    return "".join(parts), done
 
 
 def _sse(data: dict[str, Any] | str) -> str:
