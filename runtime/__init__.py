@@ -22,7 +22,18 @@ from .errors import (
 )
 from .service import Runtime
 from .settings import Settings, load_settings
-from .types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
+from .types import (
+    Done,
+    Message,
+    Report,
+    Request,
+    Sampling,
+    SessionInfo,
+    Stream,
+    Token,
+    Tool,
+    ToolCall,
+)
 
 __all__ = [
     "Busy",
@@ -46,6 +57,8 @@ __all__ = [
     "Settings",
     "Stream",
     "Token",
+    "Tool",
+    "ToolCall",
     "WarmstartError",
     "load_settings",
     "open_runtime",

@@ -73,6 +73,9 @@ class Job:
         self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
+        # a request with tools: the reply read back as text and tool calls
+        self.tools = env.engine.tool_plan(request) if request.messages else None
+        self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
         self.history = history
         self.t0 = time.perf_counter()
@@ -124,7 +127,7 @@ class Job:
             # the conversation is listed before its client hears Done; its chunks'
             # key follows once they are captured
             self._save_session(None, len(res.tokens))
-            self.stream.finish(self.report)
+            self.stream.finish(self.report, self.reply_message)
             self.background = True
             yield
             if self.env.store is not None and self.promotions:
@@ -260,6 +263,8 @@ class Job:
         self.report.finish_reason = finish  # type: ignore[assignment]
         # cut short, the turn keeps what its reader took (was shown), not what was decoded
         self.reply = self.stream.delivered if finish == "cancelled" else text.text
+        if self.tools is not None and self.tools.active and finish != "cancelled":
+            self.reply_message = self.tools.parse(self.reply)
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
@@ -316,7 +321,9 @@ class Job:
         if book is None or sid is None:
             return
         messages = self.history if self.history is not None else self.request.messages
-        if self.reply is not None:
+        if self.reply_message is not None:
+            messages = (*messages, self.reply_message)
+        elif self.reply is not None:
             cut = self.report.finish_reason == "cancelled"
             messages = (*messages, Message("assistant", self.reply, interrupted=cut))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None

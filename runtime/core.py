@@ -211,6 +211,7 @@ class LocalRuntime:
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
         self._check_room()
+        request = self._with_tool_grammar(request)
         # named by the whole conversation, before any trimming
         session_id = request.session_id or (
             derived_session_id(request.messages) if request.messages else None
@@ -233,6 +234,16 @@ class LocalRuntime:
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
+
+    def _with_tool_grammar(self, request: Request) -> Request:
+        """A request whose tools force the reply's shape gets their grammar."""
+        plan = self.engine.tool_plan(request)
+        grammar = plan.grammar() if plan else None
+        if grammar is None:
+            return request
+        if request.sampling.grammar is not None:
+            raise RequestError("a reply format cannot be combined with tools", param="tools")
+        return replace(request, sampling=replace(request.sampling, grammar=grammar))
 
     def _fit(
         self, request: Request, ids: list[int], anchor: int

@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine._tools import check_choice, new_call_id
 from .errors import Busy, ContextOverflow, RequestError
 from .streams import QueueStream
-from .types import TIERS, Embeddings, Message, Report, Request, SessionInfo, Stream
+from .types import TIERS, Embeddings, Message, Report, Request, SessionInfo, Stream, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -292,8 +293,9 @@ class FakeRuntime:
             raise RequestError("messages must not be empty", "messages")
         if request.prompt is not None and request.messages:
             raise RequestError("give either messages or prompt, not both", "prompt")
-        if any(m.role not in ("system", "user", "assistant") for m in request.messages):
-            raise RequestError("a message role must be system, user or assistant", "messages")
+        if any(m.role not in ("system", "user", "assistant", "tool") for m in request.messages):
+            raise RequestError("a message role must be system, user, assistant or tool", "messages")
+        check_choice(request)
         s = request.sampling
         if not 0.0 <= s.temperature <= 2.0:
             raise RequestError("temperature must be between 0 and 2", "temperature")
@@ -426,11 +428,12 @@ class FakeRuntime:
         report.total_ms = (time.perf_counter() - job.submitted) * 1000
         if not job.sent:
             report.ttft_ms = report.total_ms
-        self._remember(job, report)
-        job.stream.finish(report)
+        reply = _tool_reply(job.request, "".join(job.sent))
+        self._remember(job, report, reply)
+        job.stream.finish(report, reply)
         return True
 
-    def _remember(self, job: _Job, report: Report) -> None:
+    def _remember(self, job: _Job, report: Report, tool_reply: Message | None = None) -> None:
         """Stores the conversation's tokens and counts the request."""
         now = time.time()
         reply = "".join(job.sent)
@@ -451,10 +454,22 @@ class FakeRuntime:
                 entry = _Entry(job.session_id, title, now)
                 self._entries[job.session_id] = entry
             entry.tokens = tokenize(render(job.request) + reply)
-            entry.messages = (*job.request.messages, Message("assistant", reply.strip()))
+            turn = tool_reply or Message("assistant", reply.strip())
+            entry.messages = (*job.request.messages, turn)
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()
+
+
+def _tool_reply(request: Request, text: str) -> Message | None:
+    """A request with tools: a forced call is made (with no arguments), else the
+    text is the answer. The real model's formats are tested on the real model."""
+    if not request.uses_tools:
+        return None
+    if request.tool_choice in ("auto", "none"):
+        return Message("assistant", text)
+    name = request.tools[0].name if request.tool_choice == "required" else request.tool_choice
+    return Message("assistant", "", tool_calls=(ToolCall(new_call_id(), name, "{}"),))
 
 
 def _first_user(messages: tuple[Message, ...]) -> str:

@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from .types import Done, Event, Report, Token
+from .types import Done, Event, Message, Report, Token
 
 
 class QueueStream:
@@ -32,10 +32,10 @@ class QueueStream:
         if text:
             self._queue.put(Token(text))
 
-    def finish(self, report: Report) -> None:
+    def finish(self, report: Report, reply: Message | None = None) -> None:
         if not self._finished.is_set():
             self._finished.set()
-            self._queue.put(Done(report))
+            self._queue.put(Done(report, reply))
 
     def fail(self, exc: BaseException) -> None:
         if not self._finished.is_set():

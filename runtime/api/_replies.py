@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..types import Report
+from ..types import Message, Report, ToolCall
 
 
 def usage(report: Report) -> dict[str, Any]:
@@ -21,9 +21,31 @@ def usage(report: Report) -> dict[str, Any]:
     }
 
 
-def finish_reason(report: Report) -> str:
+def finish_reason(report: Report, reply: Message | None = None) -> str:
     # "cancelled" only reaches a client that is gone; OpenAI knows stop and length.
+    if reply is not None and reply.tool_calls:
+        return "tool_calls"
     return "length" if report.finish_reason == "length" else "stop"
+
+
+def tool_calls_json(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
+
+
+def message_json(m: Message) -> dict[str, Any]:
+    """A message in OpenAI's shape (null content on a turn that only calls tools)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = tool_calls_json(m.tool_calls)
+        out["content"] = m.content or None
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 @dataclass
@@ -32,6 +54,9 @@ class Shape:
 
     kind: Literal["chat", "completion"]
     model: str
+    # the reply is read back (tool calls and/or text): streamed once whole, not token
+    # by token, since its raw text may be the JSON of a call
+    tools: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -45,16 +70,16 @@ class Shape:
             "system_fingerprint": None,
         }
 
-    def whole(self, text: str, report: Report) -> dict[str, Any]:
-        """The non-streamed reply."""
+    def whole(self, text: str, report: Report, reply: Message | None = None) -> dict[str, Any]:
+        """The non-streamed reply; ``reply``: the output read back as tool calls."""
         if self.kind == "chat":
             body = self._head("chat.completion")
-            message = {"role": "assistant", "content": text}
+            message = message_json(reply or Message("assistant", text))
             choice: dict[str, Any] = {"index": 0, "message": message}
         else:
             body = self._head("text_completion")
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason(report))
+        choice.update(logprobs=None, finish_reason=finish_reason(report, reply))
         body["choices"] = [choice]
         body["usage"] = usage(report)
         body["x_warmstart"] = report.as_dict()
@@ -75,9 +100,19 @@ class Shape:
         body["choices"] = [choice]
         return body
 
-    def last_chunk(self, report: Report) -> dict[str, Any]:
+    def tool_call_chunks(self, reply: Message) -> list[dict[str, Any]]:
+        """A reply read back as tool calls, streamed: its text (if any), then one delta
+        per call carrying the whole call, as OpenAI clients accumulate them."""
+        chunks = [self.chunk(reply.content)] if reply.content else []
+        for index, call in enumerate(tool_calls_json(reply.tool_calls)):
+            body = self.chunk(None)
+            body["choices"][0]["delta"] = {"tool_calls": [{"index": index, **call}]}
+            chunks.append(body)
+        return chunks
+
+    def last_chunk(self, report: Report, reply: Message | None = None) -> dict[str, Any]:
         """The chunk carrying finish_reason; warmstart always adds usage and x_warmstart."""
-        body = self.chunk(None, finish_reason(report))
+        body = self.chunk(None, finish_reason(report, reply))
         body["usage"] = usage(report)
         body["x_warmstart"] = report.as_dict()
         return body

@@ -1,18 +1,27 @@
 """Request bodies of the OpenAI-compatible endpoints, and their translation to Request.
 
 Types are strict (a string where a number belongs is a 400, not a guess). Fields
-that OpenAI defines but warmstart does not use (``frequency_penalty``, ``logprobs``,
-``tools`` ...) are ignored, so clients that always send them keep working.
+that OpenAI defines but warmstart does not use (``frequency_penalty``, ``logprobs``
+...) are ignored, so clients that always send them keep working.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import RequestError
-from ..types import Message, Request, Sampling
+from ..types import Message, Request, Sampling, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512
@@ -45,19 +54,104 @@ class TextPart(_Body):
     text: Text
 
 
+def _plain_json(value: Any) -> Any:
+    """JSON a client sent inside a field, checked like every string (see Text)."""
+    _valid_unicode(json.dumps(value, ensure_ascii=False))
+    return value
+
+
+JSONObject = Annotated[dict[str, Any], AfterValidator(_plain_json)]
+FUNCTION_NAME = Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class CalledFunction(_Body):
+    name: FUNCTION_NAME
+    arguments: Text = Field(..., description="the arguments, a JSON object as text")
+
+
+class ToolCallIn(_Body):
+    id: Annotated[Text, Field(min_length=1, max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     # "developer" is what newer OpenAI clients send for the system prompt.
-    role: Literal["system", "developer", "user", "assistant"]
-    # Required and never null: warmstart runs no tools, so a message without text is a
-    # client error, not an empty turn.
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # declared before content, which is checked against it
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
+    # Null only on an assistant turn that calls tools; any other turn without text is
+    # a client error, not an empty turn.
+    content: Text | list[TextPart] | None = Field(...)
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=256)] | None = Field(
+        None, validate_default=True, description="on a tool message: the call it answers"
+    )
+    name: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _answers_a_call(cls, value: object, info: ValidationInfo) -> object:
+        if value is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _content_or_calls(cls, value: object, info: ValidationInfo) -> object:
+        calls = info.data.get("tool_calls")
+        if value is None and not (info.data.get("role") == "assistant" and calls):
+            raise ValueError("content may be null only on an assistant message with tool_calls")
+        return value
+
+    @model_validator(mode="after")
+    def _turn_shape(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message may carry tool_calls")
+        return self
 
     def to_message(self) -> Message:
-        content = self.content
+        content = self.content or ""
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        return Message(role=role, content=content)
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ()
+        )
+        name = self.name if role == "tool" else None
+        return Message(
+            role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=name
+        )
+
+    def text_chars(self) -> int:
+        calls = sum(len(c.function.arguments) for c in self.tool_calls or ())
+        return len(self.to_message().content) + calls
+
+
+class FunctionDef(_Body):
+    name: FUNCTION_NAME
+    description: Text | None = None
+    parameters: JSONObject | None = Field(None, description="a JSON schema of the arguments")
+    # the arguments always follow the schema (a grammar holds them to it)
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def to_tool(self) -> Tool:
+        f = self.function
+        params = json.dumps(f.parameters or {"type": "object"}, ensure_ascii=False)
+        return Tool(f.name, f.description or "", params)
+
+
+class ChosenFunction(_Body):
+    name: FUNCTION_NAME
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class StreamOptions(_Body):
@@ -100,17 +194,30 @@ class _Sampled(_Body):
 
 class ChatCompletionRequest(_Sampled):
     messages: list[ChatMessage] = Field(..., description="the conversation, oldest first")
+    tools: list[ToolDef] | None = Field(None, max_length=128, description="functions to call")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="auto (the default with tools), none, required, or one function"
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="allow several calls in one reply (off unless true, as in llama.cpp)"
+    )
 
     def text_chars(self) -> int:
-        return sum(len(m.to_message().content) for m in self.messages)
+        tools = sum(len(t.to_tool().parameters) for t in self.tools or ())
+        return sum(m.text_chars() for m in self.messages) + tools
 
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
         if not self.messages:
             raise RequestError("messages must contain at least one message", "messages")
+        choice = self.tool_choice
         return Request(
             messages=tuple(m.to_message() for m in self.messages),
             sampling=self.sampling(max_tokens),
             session_id=session_id or self.user,
+            tools=tuple(t.to_tool() for t in self.tools or ()),
+            tool_choice=(choice.function.name if isinstance(choice, NamedToolChoice) else choice)
+            or "auto",
+            parallel_tool_calls=bool(self.parallel_tool_calls),
         )
 
 

@@ -57,8 +57,16 @@ async def collect(
 ) -> tuple[str, Report]:
     """The whole reply; a client that disconnects while waiting cancels the stream
     (and gets Cancelled raised here, which nobody is left to read)."""
+    text, done = await collect_done(request, stream, limiter)
+    return text, done.report
+
+
+async def collect_done(
+    request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
+) -> tuple[str, Done]:
+    """As ``collect``, with the whole Done event (a tool-call reply rides on it)."""
     parts: list[str] = []
-    report: Report | None = None
+    done: Done | None = None
     failure: BaseException | None = None
 
     async with anyio.create_task_group() as group:
@@ -75,15 +83,15 @@ async def collect(
                 if isinstance(event, Token):
                     parts.append(event.text)
                 else:
-                    report = event.report
+                    done = event
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
             failure = exc
         group.cancel_scope.cancel()
     if failure is not None:
         raise failure
-    if report is None:
+    if done is None:
         raise Cancelled("the client disconnected")
-    return "".join(parts), report
+    return "".join(parts), done
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -100,16 +108,22 @@ async def sse_chunks(
     on_done: Callable[[Report], None],
 ) -> AsyncGenerator[str, None]:
     """The SSE body: a role chunk (chat), a chunk per token, the finishing chunk
-    (always with usage and x_warmstart), the usage chunk if asked, then [DONE]."""
+    (always with usage and x_warmstart), the usage chunk if asked, then [DONE].
+    A reply read back as tool calls is held until it is whole, then sent as its
+    text and its calls."""
     if shape.kind == "chat":
         yield _sse(shape.chunk(None))
     try:
         async for event in events(stream, limiter):
             if isinstance(event, Token):
-                yield _sse(shape.chunk(event.text))
+                if not shape.tools:
+                    yield _sse(shape.chunk(event.text))
                 continue
             on_done(event.report)
-            yield _sse(shape.last_chunk(event.report))
+            if shape.tools and event.reply is not None:
+                for chunk in shape.tool_call_chunks(event.reply):
+                    yield _sse(chunk)
+            yield _sse(shape.last_chunk(event.report, event.reply))
             if include_usage:
                 yield _sse(shape.usage_chunk(event.report))
     except Exception as exc:  # any failure: the client must still see the stream end

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
+from ._replies import message_json
 from ._state import ERRORS, AppState, state
 
 # Settings whose values never leave the server.
@@ -43,11 +44,7 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     }
     if messages:
         body["messages"] = [
-            {
-                "role": m.role,
-                "content": m.content,
-                **({"interrupted": True} if m.interrupted else {}),
-            }
+            {**message_json(m), **({"interrupted": True} if m.interrupted else {})}
             for m in info.messages
         ]
     return body
