@@ -22,7 +22,17 @@ from .errors import (
 )
 from .service import Runtime
 from .settings import Settings, load_settings
-from .types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
+from .types import (
+    Done,
+    Message,
+    Report,
+    Request,
+    Sampling,
+    SessionInfo,
+    Stream,
+    Token,
+    TokenLogprob,
+)
 
 __all__ = [
     "Busy",
@@ -46,6 +56,7 @@ __all__ = [
     "Settings",
     "Stream",
     "Token",
+    "TokenLogprob",
     "WarmstartError",
     "load_settings",
     "open_runtime",

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .engine._engine import Engine, Resident
+from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
 from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
 from .streams import QueueStream
-from .types import Message, Report, Request
+from .types import Message, Report, Request, TokenLogprob
 
 if TYPE_CHECKING:
     from .sessions import SessionBook
@@ -236,7 +237,7 @@ class Job:
         budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
         n = 0
         finish = "length"
-        token = sampler.sample(engine.ctx)
+        token, logprob = self._sample(sampler)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         while True:
             if self.stream.cancelled:
@@ -246,20 +247,34 @@ class Job:
                 finish = "stop"
                 break
             n += 1
-            self.stream.put_token(text.feed(engine.model.piece(token)))
+            self.stream.put_token(text.feed(engine.model.piece(token)), logprob)
             if text.stopped:
                 finish = "stop"
                 break
             if n >= budget:
                 break
             engine.step(res, token)
-            token = sampler.sample(engine.ctx)
+            token, logprob = self._sample(sampler)
             yield
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
         # cut short, the turn keeps what its reader took (was shown), not what was decoded
         self.reply = self.stream.delivered if finish == "cancelled" else text.text
+
+    def _sample(self, sampler: Sampler) -> tuple[int, tuple[TokenLogprob, ...]]:
+        """The next token, and its log-probability when the request asks for them
+        (from the logits the sampler drew from: it leaves them unchanged)."""
+        engine, top = self.env.engine, self.request.sampling.logprobs
+        token = sampler.sample(engine.ctx)
+        if top is None:
+            return token, ()
+        model = engine.model
+
+        def piece(t: int) -> bytes:  # special tokens (end of turn) by their name
+            return model.piece(t) or model.token_text(t).encode()
+
+        return token, (token_logprob(engine.ctx.logits(), token, top, piece),)
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
