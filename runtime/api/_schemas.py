@@ -1,21 +1,39 @@
 """Request bodies of the OpenAI-compatible endpoints, and their translation to Request.
 
-Types are strict (a string where a number belongs is a 400, not a guess). Fields
-that OpenAI defines but warmstart does not use (``frequency_penalty``, ``logprobs``,
-``tools`` ...) are ignored, so clients that always send them keep working.
+Types are strict (a string where a number belongs is a 400, not a guess), and a
+field warmstart does not implement is refused, never ignored: an agent that asked
+for something it did not get must hear so. Unknown fields are a 400 with code
+``unsupported_parameter`` naming the field (see ``_errors``); fields warmstart knows
+but supports only in their neutral value (``store: false``, ``n: 1``, ``echo:
+false``) refuse any other value the same way. A null is "not given", so clients
+that send every optional field, or echo a reply's message back with ``refusal:
+null``, are not refused for that. docs/api.md lists every field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError
+from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512
+MAX_TOP_LOGPROBS = 20
+# OpenAI's "-100 should ban the token": a finite -100 does not, on every model
+BAN = -100.0
 
 
 def _valid_unicode(value: str) -> str:
@@ -31,13 +49,36 @@ def _valid_unicode(value: str) -> str:
     return value
 
 
+def _only(*allowed: object) -> AfterValidator:
+    """A field accepted only in the value(s) whose behaviour warmstart has."""
+
+    def check(value: object) -> object:
+        if value not in allowed:
+            shown = " or ".join(repr(a) for a in allowed)
+            raise PydanticCustomError(
+                "unsupported_parameter", "warmstart supports only {allowed}", {"allowed": shown}
+            )
+        return value
+
+    return AfterValidator(check)
+
+
 # Every string a client sends is checked, so none can fail later as a 500.
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 SESSION_ID = Annotated[Text, Field(min_length=1, max_length=256)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_not_given(cls, data: Any) -> Any:
+        # an unknown field sent as null asks for nothing: dropped, not refused
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+        return data
 
 
 class TextPart(_Body):
@@ -51,6 +92,9 @@ class ChatMessage(_Body):
     # Required and never null: warmstart runs no tools, so a message without text is a
     # client error, not an empty turn.
     content: Text | list[TextPart]
+    # tool calling (issue 13, item 1) gives these their meaning; accepted until then
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: Text | None = None
 
     def to_message(self) -> Message:
         content = self.content
@@ -62,6 +106,36 @@ class ChatMessage(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    # OpenAI pads chunks against length side channels; nothing here needs it
+    include_obfuscation: Annotated[bool, _only(False)] = False
+
+
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JSONSchemaSpec(_Body):
+    name: Text = Field(..., min_length=1, max_length=64)
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(
+        default_factory=dict, alias="schema", description="a JSON schema; {} is any JSON"
+    )
+    # the grammar holds every reply to the schema, strict or not
+    strict: bool | None = None
+
+
+class JSONSchemaFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")
+]
 
 
 class _Sampled(_Body):
@@ -74,10 +148,27 @@ class _Sampled(_Body):
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    n: int = Field(1, ge=1, le=1, description="only one choice is supported")
+    n: Annotated[int, _only(1)] = Field(1, description="only one choice is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: SESSION_ID | None = Field(None, description="session hint (X-Warmstart-Session wins)")
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    logit_bias: Annotated[dict[str, float], Field(max_length=1024)] | None = Field(
+        None, description="token id (as a string) -> bias from -100 (ban) to 100"
+    )
+    # extensions llama.cpp's own server also takes
+    top_k: int = Field(0, ge=0, le=1_000_000, description="0: off (extension)")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="extension")
+    repeat_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, allow_inf_nan=False, description="1: off (extension)"
+    )
+
+    def _top_logprobs(self) -> int | None:
+        raise NotImplementedError
+
+    def _grammar(self) -> str | None:
+        return None
 
     def sampling(self, max_tokens: int) -> Sampling:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -88,10 +179,32 @@ class _Sampled(_Body):
             seed=None if self.seed is None else self.seed % 2**32,
             max_tokens=max_tokens,
             stop=tuple(s for s in stops if s),
+            grammar=self._grammar(),
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=self._biases(),
+            logprobs=self._top_logprobs(),
         )
+
+    def _biases(self) -> tuple[tuple[int, float], ...]:
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isascii() or not key.isdigit() or not -100.0 <= bias <= 100.0:
+                raise RequestError(
+                    f"logit_bias: {key!r}: {bias} is not a token id with a bias from -100 to 100",
+                    param="logit_bias",
+                )
+            out.append((int(key), -math.inf if bias <= BAN else bias))
+        return tuple(out)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def session_hint(self) -> str | None:
+        return self.user
 
     @property
     def include_usage(self) -> bool:
@@ -100,6 +213,42 @@ class _Sampled(_Body):
 
 class ChatCompletionRequest(_Sampled):
     messages: list[ChatMessage] = Field(..., description="the conversation, oldest first")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    prompt_cache_key: SESSION_ID | None = Field(
+        None, description="session hint, before user (X-Warmstart-Session wins)"
+    )
+    # OpenAI keeps "stored completions" for its dashboard; warmstart keeps none
+    store: Annotated[bool, _only(False)] | None = None
+    modalities: Annotated[list[Text], _only(["text"])] | None = None
+    # tool calling (issue 13, item 1) gives these their meaning; accepted until then
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Text | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    _grammar_text: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _logprobs_asked(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def _top_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def _grammar(self) -> str | None:
+        fmt = self.response_format
+        if self._grammar_text is None and fmt is not None and not isinstance(fmt, TextFormat):
+            self._grammar_text = (
+                json_object_grammar()
+                if isinstance(fmt, JSONObjectFormat)
+                else json_schema_grammar(fmt.json_schema.schema_)
+            )
+        return self._grammar_text
+
+    def session_hint(self) -> str | None:
+        return self.prompt_cache_key or self.user
 
     def text_chars(self) -> int:
         return sum(len(m.to_message().content) for m in self.messages)
@@ -110,7 +259,7 @@ class ChatCompletionRequest(_Sampled):
         return Request(
             messages=tuple(m.to_message() for m in self.messages),
             sampling=self.sampling(max_tokens),
-            session_id=session_id or self.user,
+            session_id=session_id or self.session_hint(),
         )
 
 
@@ -118,18 +267,28 @@ class CompletionRequest(_Sampled):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
         ..., description="the text to continue (a list holding one string is accepted)"
     )
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: Annotated[bool, _only(False)] = False
+    best_of: Annotated[int, _only(1)] | None = None
+
+    def _top_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
     def text_chars(self) -> int:
-        return len(self.prompt if isinstance(self.prompt, str) else self.prompt[0])
+        return len(self.prompt_text)
 
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        prompt = self.prompt_text
         if not prompt:
             raise RequestError("prompt must not be empty", "prompt")
         return Request(
             prompt=prompt,
             sampling=self.sampling(max_tokens),
-            session_id=session_id or self.user,
+            session_id=session_id or self.session_hint(),
         )
 
 

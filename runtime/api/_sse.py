@@ -13,6 +13,7 @@ import logging
 import socket
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,7 +23,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled, WarmstartError
-from ..types import Done, Event, Report, Stream, Token
+from ..types import Done, Event, Report, Stream, Token, TokenLogprob
 from ._errors import error_body
 from ._replies import Shape
 
@@ -52,12 +53,28 @@ async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterato
             stream.cancel()
 
 
+@dataclass
+class Reply:
+    """A whole reply: its text, its tokens' log-probabilities (when asked), its report."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+    report: Report
+
+
 async def collect(
     request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
 ) -> tuple[str, Report]:
+    """The whole reply's text and report (see :func:`gather`)."""
+    reply = await gather(request, stream, limiter)
+    return reply.text, reply.report
+
+
+async def gather(request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter) -> Reply:
     """The whole reply; a client that disconnects while waiting cancels the stream
     (and gets Cancelled raised here, which nobody is left to read)."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     report: Report | None = None
     failure: BaseException | None = None
 
@@ -74,6 +91,7 @@ async def collect(
             async for event in events(stream, limiter):
                 if isinstance(event, Token):
                     parts.append(event.text)
+                    logprobs.extend(event.logprobs)
                 else:
                     report = event.report
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
@@ -83,7 +101,7 @@ async def collect(
         raise failure
     if report is None:
         raise Cancelled("the client disconnected")
-    return "".join(parts), report
+    return Reply("".join(parts), logprobs, report)
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -106,7 +124,7 @@ async def sse_chunks(
     try:
         async for event in events(stream, limiter):
             if isinstance(event, Token):
-                yield _sse(shape.chunk(event.text))
+                yield _sse(shape.chunk(event.text, logprobs=event.logprobs))
                 continue
             on_done(event.report)
             yield _sse(shape.last_chunk(event.report))
