@@ -228,13 +228,9 @@ class ChatCompletionRequest(_Sampled):
     parallel_tool_calls: bool | None = None
     _grammar_text: str | None = PrivateAttr(None)
 
-    @model_validator(mode="after")
-    def _logprobs_asked(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
-        return self
-
     def _top_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def _grammar(self) -> str | None:
