@@ -20,11 +20,67 @@ def json_object_grammar() -> str:
     return str(JSON_GBNF)
 
 
+# Constraints llama-cpp-python 0.3.36's converter drops without a word: a reply could
+# then break them, so a schema that uses one is refused rather than half honoured.
+IGNORED_KEYWORDS = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "uniqueItems",
+        "not",
+        "if",
+        "then",
+        "else",
+        "patternProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "contains",
+        "minContains",
+        "maxContains",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name -> subschema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties")
+
+
+def ignored_keyword(schema: object, where: str = "schema") -> str | None:
+    """The path of the first keyword in ``schema`` the converter would ignore."""
+    if not isinstance(schema, dict):
+        return None
+    for key in schema:
+        if key in IGNORED_KEYWORDS:
+            return f"{where}.{key}"
+    children: list[tuple[str, object]] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children += [(f"{where}.{key}.{n}", sub) for n, sub in schema[key].items()]
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{where}.{key}[{i}]", sub) for i, sub in enumerate(schema[key])]
+    for key in _SCHEMA_ONE:
+        value = schema.get(key)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        children += [(f"{where}.{key}" + ("" if i is None else f"[{i}]"), v) for i, v in items]
+    return next((found for path, sub in children if (found := ignored_keyword(sub, path))), None)
+
+
 def json_schema_grammar(schema: dict[str, Any], param: str = "response_format") -> str:
     """The grammar of JSON documents that match ``schema``; RequestError naming
-    ``param`` when the converter cannot handle the schema."""
+    ``param`` when the converter cannot handle the schema, or would ignore part of it."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    if (keyword := ignored_keyword(schema)) is not None:
+        message = f"{param}: {keyword} is not supported in a JSON schema by warmstart's grammar"
+        raise RequestError(message, param=param)
     try:
         return str(json_schema_to_gbnf(json.dumps(schema)))
     # the converter says "unsupported" with assert, ValueError, KeyError, TypeError or
