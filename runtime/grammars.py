@@ -82,10 +82,21 @@ def json_schema_grammar(schema: dict[str, Any], param: str = "response_format") 
         message = f"{param}: {keyword} is not supported in a JSON schema by warmstart's grammar"
         raise RequestError(message, param=param)
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema)))
+        return _no_control_chars(str(json_schema_to_gbnf(json.dumps(schema))))
     # the converter says "unsupported" with assert, ValueError, KeyError, TypeError or
     # a RecursionError on a cyclic $ref: any of them is the schema's fault, not ours
     except Exception as exc:
         why = str(exc) or type(exc).__name__
         message = f"{param}: this JSON schema cannot be turned into a grammar ({why})"
         raise RequestError(message, param=param) from exc
+
+
+def _no_control_chars(grammar: str) -> str:
+    """The 0.3.36 converter lets a JSON string hold raw control characters (a newline
+    inside a string: the reply does not parse); llama.cpp's own converter and
+    ``JSON_GBNF`` exclude them, as JSON does. Its ``char`` rule is narrowed the same way."""
+    lines = grammar.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("char ::= "):
+            lines[i] = line.replace(r'[^"\\]', r'[^"\\\x7F\x00-\x1F]', 1)
+    return "\n".join(lines) + "\n"

@@ -39,3 +39,10 @@ def test_constraints_the_converter_would_drop_are_refused() -> None:
     # a property *named* like a keyword is data, not a constraint
     assert ignored_keyword({"properties": {"minimum": {"type": "integer"}}}) is None
     assert ignored_keyword({"anyOf": [{"type": "string"}, {"not": {}}]}) == "schema.anyOf[1].not"
+
+
+def test_strings_cannot_hold_raw_control_characters() -> None:
+    # a raw newline inside a JSON string does not parse: the converter's char rule allowed it
+    grammar = json_schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}})
+    char = next(line for line in grammar.splitlines() if line.startswith("char ::= "))
+    assert char.startswith(r'char ::= [^"\\\x7F\x00-\x1F]')
