@@ -47,6 +47,10 @@ IGNORED_KEYWORDS = frozenset(
         "unevaluatedItems",
     }
 )
+# string formats the converter has a rule for (any other it ignores)
+FORMATS = frozenset(
+    {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
+)
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name -> subschema
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties")
@@ -59,6 +63,8 @@ def ignored_keyword(schema: object, where: str = "schema") -> str | None:
     for key in schema:
         if key in IGNORED_KEYWORDS:
             return f"{where}.{key}"
+    if "format" in schema and schema["format"] not in FORMATS:
+        return f"{where}.format"
     children: list[tuple[str, object]] = []
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):

@@ -39,6 +39,8 @@ def test_constraints_the_converter_would_drop_are_refused() -> None:
     # a property *named* like a keyword is data, not a constraint
     assert ignored_keyword({"properties": {"minimum": {"type": "integer"}}}) is None
     assert ignored_keyword({"anyOf": [{"type": "string"}, {"not": {}}]}) == "schema.anyOf[1].not"
+    assert ignored_keyword({"type": "string", "format": "email"}) == "schema.format"
+    assert ignored_keyword({"type": "string", "format": "date"}) is None
 
 
 def test_strings_cannot_hold_raw_control_characters() -> None:
