@@ -75,9 +75,10 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_not_given(cls, data: Any) -> Any:
-        # an unknown field sent as null asks for nothing: dropped, not refused
+        # a field sent as null asks for nothing: it gets its default (a required one is
+        # then missing), and an unknown one is not refused
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+            return {k: v for k, v in data.items() if v is not None}
         return data
 
 
