@@ -31,6 +31,7 @@ from .types import (
     SessionInfo,
     Stream,
     Token,
+    TokenLogprob,
     Tool,
     ToolCall,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Settings",
     "Stream",
     "Token",
+    "TokenLogprob",
     "Tool",
     "ToolCall",
     "WarmstartError",

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .engine._engine import Engine, Resident
+from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
 from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
 from .streams import QueueStream
-from .types import Message, Report, Request
+from .types import Message, Report, Request, TokenLogprob
 
 if TYPE_CHECKING:
     from .sessions import SessionBook
@@ -239,7 +240,7 @@ class Job:
         budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
         n = 0
         finish = "length"
-        token = sampler.sample(engine.ctx)
+        token, logprob = self._sample(sampler)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         while True:
             if self.stream.cancelled:
@@ -249,14 +250,14 @@ class Job:
                 finish = "stop"
                 break
             n += 1
-            self.stream.put_token(text.feed(engine.model.piece(token)))
+            self.stream.put_token(text.feed(engine.model.piece(token)), logprob)
             if text.stopped:
                 finish = "stop"
                 break
             if n >= budget:
                 break
             engine.step(res, token)
-            token = sampler.sample(engine.ctx)
+            token, logprob = self._sample(sampler)
             yield
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
@@ -265,6 +266,20 @@ class Job:
         self.reply = self.stream.delivered if finish == "cancelled" else text.text
         if self.tools is not None and self.tools.active and finish != "cancelled":
             self.reply_message = self.tools.parse(self.reply)
+
+    def _sample(self, sampler: Sampler) -> tuple[int, tuple[TokenLogprob, ...]]:
+        """The next token, and its log-probability when the request asks for them
+        (from the logits the sampler drew from: it leaves them unchanged)."""
+        engine, top = self.env.engine, self.request.sampling.logprobs
+        token = sampler.sample(engine.ctx)
+        if top is None:
+            return token, ()
+        model = engine.model
+
+        def piece(t: int) -> bytes:  # special tokens (end of turn) by their name
+            return model.piece(t) or model.token_text(t).encode()
+
+        return token, (token_logprob(engine.ctx.logits(), token, top, piece),)
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:

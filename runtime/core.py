@@ -25,6 +25,7 @@ from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
+from .engine._sampling import check_grammar, check_logit_bias
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
 from .kvstore._disk import DiskTier, reset_directory
@@ -185,6 +186,10 @@ class LocalRuntime:
             raise RequestError("temperature must be between 0 and 2", param="temperature")
         if not 0.0 < s.top_p <= 1.0:
             raise RequestError("top_p must be in (0, 1]", param="top_p")
+        check_logit_bias(self.engine.model, s)
+        if s.grammar is not None:
+            # only the vocabulary is read (fixed once loaded): safe off the worker thread
+            check_grammar(self.engine.model, s.grammar)
 
     def _check_room(self) -> None:
         """Busy before any work: tokenizing a large prompt must not precede the 429."""

@@ -4,6 +4,10 @@
 the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
 - Tokens are whitespace-led words of a fixed chat rendering of the messages.
+- With ``Sampling.logprobs``, each reply word carries a pretend log-probability
+  (the most likely of its alternatives, as a greedy draw's would be). A grammar
+  cannot be followed without a model: it makes the reply the JSON object
+  ``{"text": ...}`` (valid for JSON mode, not for an arbitrary schema).
 - A greedy reply (``temperature == 0``) is a fixed function of the last user
   message (or of the raw prompt); ``temperature > 0`` with a seed varies
   reproducibly, without a seed it varies freely.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
 import random
@@ -35,7 +40,17 @@ from typing import Any
 from .engine._tools import check_choice, new_call_id
 from .errors import Busy, ContextOverflow, RequestError
 from .streams import QueueStream
-from .types import TIERS, Embeddings, Message, Report, Request, SessionInfo, Stream, ToolCall
+from .types import (
+    TIERS,
+    Embeddings,
+    Message,
+    Report,
+    Request,
+    SessionInfo,
+    Stream,
+    TokenLogprob,
+    ToolCall,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +89,22 @@ def reply_text(request: Request) -> str:
         material += f"|{sampling.temperature}|{sampling.top_p}|{salt}".encode()
     rng = random.Random(hashlib.sha256(material).digest())
     words = [rng.choice(_WORDS) for _ in range(6 + rng.randrange(12))]
-    return " " + " ".join(words).capitalize() + "."
+    text = " " + " ".join(words).capitalize() + "."
+    return json.dumps({"text": text.strip()}) if sampling.grammar is not None else text
+
+
+def logprob_of(word: str, top: int) -> TokenLogprob:
+    """A pretend log-probability of a reply word: fixed per word, the word first among
+    ``top`` alternatives drawn from the vocabulary."""
+    digest = hashlib.sha256(word.encode()).digest()
+    logprob = -digest[0] / 64.0
+    others = [w for w in _WORDS if w != word.strip()][:top]
+    alternatives = [
+        TokenLogprob(f" {w}", f" {w}".encode(), logprob - 1.0 - i) for i, w in enumerate(others)
+    ]
+    best = TokenLogprob(word, word.encode(), logprob)
+    top_list = (best, *alternatives)[:top] if top else ()
+    return TokenLogprob(word, word.encode(), logprob, top_list)
 
 
 def _cut(text: str, sampling: Any) -> tuple[list[str], str]:
@@ -394,7 +424,8 @@ class FakeRuntime:
             report.ttft_ms = (time.perf_counter() - job.submitted) * 1000
         text = job.reply.pop(0)
         job.sent.append(text)
-        job.stream.put_token(text)
+        top = job.request.sampling.logprobs
+        job.stream.put_token(text, () if top is None else (logprob_of(text, top),))
         return False
 
     def _prefill(self, job: _Job) -> None:

@@ -60,6 +60,17 @@ class Sampling:
     # a GBNF grammar (root rule ``root``) the reply must match: JSON output, forced
     # tool calls; applied before any other step of the chain
     grammar: str | None = None
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    # over the reply's own tokens (llama.cpp's penalties sampler); 1.0 / 0.0: off
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # (token id, bias added to its logit); a bias of -inf bans the token
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # report each reply token's log-probability with this many alternatives (0 to 20);
+    # None: no log-probabilities
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -137,10 +148,25 @@ class Embeddings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One reply token's log-probability under the model's raw next-token logits (a
+    log-softmax before any sampler step), with the most likely alternatives in
+    ``top`` (most likely first; their own ``top`` is empty)."""
+
+    token: str
+    raw: bytes  # the token's bytes: a piece of a multi-byte character is not text
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
-    """A piece of the reply's text, streamed as soon as it is decoded."""
+    """A piece of the reply's text, streamed as soon as it is decoded. With
+    ``Sampling.logprobs``, ``logprobs`` holds the tokens decoded since the last event
+    (their text may be held back for a stop string, so ``text`` may be empty)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

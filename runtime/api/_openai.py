@@ -18,7 +18,7 @@ from ._schemas import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from ._sse import SSEResponse, collect_done
+from ._sse import SSEResponse, gather
 from ._state import ERRORS, AppState, state
 
 SessionHeader = Annotated[
@@ -73,9 +73,9 @@ async def _reply(
             send_timeout=st.settings.send_timeout,
             sock=_peer_socket(request),
         )
-    text, done = await collect_done(request, events, st.limiter)
-    st.metrics.observe(done.report)
-    return JSONResponse(shape.whole(text, done.report, done.reply))
+    reply = await gather(request, events, st.limiter)
+    st.metrics.observe(reply.report)
+    return JSONResponse(shape.whole(reply.text, reply.report, reply.turn, reply.logprobs))
 
 
 def _peer_socket(request: Request) -> socket.socket | None:
@@ -123,7 +123,13 @@ async def _answer(
     draft = body.to_request(session, 1)
     limit = await _max_tokens(st, body.requested_max_tokens(), draft)
     req = body.to_request(session, limit)
-    shape = Shape(kind, st.runtime.model_id, tools=req.uses_tools)
+    shape = Shape(
+        kind,
+        st.runtime.model_id,
+        tools=req.uses_tools,
+        logprobs=req.sampling.logprobs is not None,
+        prompt_chars=len(req.prompt or ""),
+    )
     return await _reply(request, st, req, shape, body.stream, body.include_usage)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..types import Message, Report, ToolCall
+from ..types import Message, Report, TokenLogprob, ToolCall
 
 
 def usage(report: Report) -> dict[str, Any]:
@@ -48,9 +49,19 @@ def message_json(m: Message) -> dict[str, Any]:
     return out
 
 
+# OpenAI's stand-in for a log-probability too small to show (JSON has no -Infinity)
+FLOOR = -9999.0
+
+
+def _alternative(lp: TokenLogprob) -> dict[str, Any]:
+    return {"token": lp.token, "logprob": max(lp.logprob, FLOOR), "bytes": list(lp.raw)}
+
+
 @dataclass
 class Shape:
-    """Builds the bodies of one reply; ``kind`` chooses chat or raw completion."""
+    """Builds the bodies of one reply; ``kind`` chooses chat or raw completion.
+    ``logprobs``: the client asked for them (chat: OpenAI's ``logprobs.content``; raw
+    completions: the legacy lists, ``text_offset`` counted from the prompt's start)."""
 
     kind: Literal["chat", "completion"]
     model: str
@@ -59,6 +70,29 @@ class Shape:
     tools: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: bool = False
+    prompt_chars: int = 0
+    _offset: int = field(default=0, init=False)  # characters of the reply's tokens so far
+
+    def _logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        if self.kind == "chat":
+            content = [
+                {**_alternative(lp), "top_logprobs": [_alternative(a) for a in lp.top]}
+                for lp in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for lp in entries:
+            offsets.append(self.prompt_chars + self._offset)
+            self._offset += len(lp.token)
+        return {
+            "tokens": [lp.token for lp in entries],
+            "token_logprobs": [max(lp.logprob, FLOOR) for lp in entries],
+            "top_logprobs": [{a.token: max(a.logprob, FLOOR) for a in lp.top} for lp in entries],
+            "text_offset": offsets,
+        }
 
     def _head(self, obj: str) -> dict[str, Any]:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
@@ -70,7 +104,13 @@ class Shape:
             "system_fingerprint": None,
         }
 
-    def whole(self, text: str, report: Report, reply: Message | None = None) -> dict[str, Any]:
+    def whole(
+        self,
+        text: str,
+        report: Report,
+        reply: Message | None = None,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> dict[str, Any]:
         """The non-streamed reply; ``reply``: the output read back as tool calls."""
         if self.kind == "chat":
             body = self._head("chat.completion")
@@ -79,14 +119,20 @@ class Shape:
         else:
             body = self._head("text_completion")
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason(report, reply))
+        choice.update(logprobs=self._logprobs(logprobs), finish_reason=finish_reason(report, reply))
         body["choices"] = [choice]
         body["usage"] = usage(report)
         body["x_warmstart"] = report.as_dict()
         return body
 
-    def chunk(self, text: str | None, finish: str | None = None) -> dict[str, Any]:
-        """One streamed chunk; ``text=None`` on the chat's first chunk sends the role."""
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
+    ) -> dict[str, Any]:
+        """One streamed chunk; ``text=None`` on the chat's first chunk sends the role;
+        ``logprobs``: the tokens decoded for it (None on the role and finishing chunks)."""
         if self.kind == "chat":
             body = self._head("chat.completion.chunk")
             delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
@@ -96,7 +142,8 @@ class Shape:
         else:
             body = self._head("text_completion")
             choice = {"index": 0, "text": text or ""}
-        choice.update(logprobs=None, finish_reason=finish)
+        shown = None if logprobs is None else self._logprobs(logprobs)
+        choice.update(logprobs=shown, finish_reason=finish)
         body["choices"] = [choice]
         return body
 

@@ -13,6 +13,7 @@ import logging
 import socket
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,7 +23,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled, WarmstartError
-from ..types import Done, Event, Report, Stream, Token
+from ..types import Done, Event, Report, Stream, Token, TokenLogprob
+from ..types import Message as ChatMessage
 from ._errors import error_body
 from ._replies import Shape
 
@@ -52,20 +54,30 @@ async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterato
             stream.cancel()
 
 
+@dataclass
+class Reply:
+    """A whole reply: its text, its tokens' log-probabilities (when asked), its report,
+    and, for a request with tools, the turn read back from it (text and calls)."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+    report: Report
+    turn: ChatMessage | None = None
+
+
 async def collect(
     request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
 ) -> tuple[str, Report]:
+    """The whole reply's text and report (see :func:`gather`)."""
+    reply = await gather(request, stream, limiter)
+    return reply.text, reply.report
+
+
+async def gather(request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter) -> Reply:
     """The whole reply; a client that disconnects while waiting cancels the stream
     (and gets Cancelled raised here, which nobody is left to read)."""
-    text, done = await collect_done(request, stream, limiter)
-    return text, done.report
-
-
-async def collect_done(
-    request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
-) -> tuple[str, Done]:
-    """As ``collect``, with the whole Done event (a tool-call reply rides on it)."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     done: Done | None = None
     failure: BaseException | None = None
 
@@ -82,6 +94,7 @@ async def collect_done(
             async for event in events(stream, limiter):
                 if isinstance(event, Token):
                     parts.append(event.text)
+                    logprobs.extend(event.logprobs)
                 else:
                     done = event
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
@@ -91,7 +104,7 @@ async def collect_done(
         raise failure
     if done is None:
         raise Cancelled("the client disconnected")
-    return "".join(parts), done
+    return Reply("".join(parts), logprobs, done.report, done.reply)
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -117,7 +130,7 @@ async def sse_chunks(
         async for event in events(stream, limiter):
             if isinstance(event, Token):
                 if not shape.tools:
-                    yield _sse(shape.chunk(event.text))
+                    yield _sse(shape.chunk(event.text, logprobs=event.logprobs))
                 continue
             on_done(event.report)
             if shape.tools and event.reply is not None:
