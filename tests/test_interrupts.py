@@ -89,10 +89,10 @@ class Terminal:
         return self.out.decode(errors="replace")
 
 
-def _start(data_dir: Path, model_path: Path, *args: str) -> Terminal:
+def _start(data_dir: Path, model_path: Path, *args: str, max_tokens: int = 1500) -> Terminal:
     argv = [sys.executable, "-m", "warmstart.runtime.cli", *args]
     argv += ["--data-dir", str(data_dir), "--model", str(model_path), *FLAGS]
-    argv += ["--max-tokens", "1500"] if args[0] in ("ask", "chat") else []
+    argv += ["--max-tokens", str(max_tokens)] if args[0] in ("ask", "chat") else []
     return Terminal(argv, _env(data_dir))
 
 
@@ -190,6 +190,39 @@ def test_a_reply_cancelled_in_prefill_is_saved_interrupted_and_its_batches_kept(
     text, report = rt.generate(request).text()
     assert report.restored["ram"] >= 64, report
     assert text == oracle.generate(request).text()[0]
+
+
+def test_a_pasted_block_and_a_fenced_block_are_one_turn_each(
+    data_dir: Path, model_path: Path
+) -> None:
+    term = _start(data_dir, model_path, "chat", "--session", "pasted", max_tokens=4)
+    term.expect(b"> ")
+    at = len(term.out)
+
+    def replied(since: int) -> int:
+        """Waits for the reply's summary line and the prompt after it."""
+        term.expect(b"TTFT", after=since)
+        done = term.out.index(b"TTFT", since)
+        term.expect(b"> ", after=done)
+        return len(term.out)
+
+    term.send(b"Line one.\nLine two.\nLine three.\n")  # one write: a paste
+    at = replied(at)
+    for line in (b'"""', b"alpha", b"beta", b'"""'):  # typed, a line at a time
+        term.send(line + b"\n")
+        time.sleep(0.3)
+    replied(at)
+    term.send(b"/quit\n")
+    assert term.wait() == 0
+    assert "Traceback" not in term.text()
+    book = SessionBook(data_dir / "sessions.db")
+    try:
+        row = book.get("pasted")
+    finally:
+        book.close()
+    assert row is not None
+    asked = [m.content for m in row.messages if m.role == "user"]
+    assert asked == ["Line one.\nLine two.\nLine three.", "alpha\nbeta"], term.text()
 
 
 def test_ctrl_c_in_chat_returns_to_the_prompt_and_a_second_one_leaves(
