@@ -388,6 +388,8 @@ class TieredStore:
                 continue
             if self.pool is None or (not make_room and self.pool.fill() >= self.high):
                 break
+            if not self.pool.limit_slots:  # memory is short: a read would land nowhere
+                break
             if self.read(record) is not None and record.slot is not None:
                 tokens += len(record.tokens)
         return tokens
