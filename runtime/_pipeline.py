@@ -105,8 +105,7 @@ class Job:
             t1 = time.perf_counter()
             for ends in self._decodes(have, self.cuts):
                 if self.stream.cancelled:  # the client went away: stop paying for its prompt
-                    self.report.finish_reason = "cancelled"
-                    self.stream.finish(self.report)
+                    yield from self._cancelled_in_prefill(res, have)
                     return
                 last = ends[-1] == len(self.ids)
                 engine.prefill(res, self.ids[have : ends[-1]], want_logits=last, ends=ends)
@@ -145,6 +144,20 @@ class Job:
                 # window model's early chunks can only be cut while they are prefilled)
                 engine.evict(res, counted=False)
             engine.release(res)
+
+    def _cancelled_in_prefill(self, res: Resident, have: int) -> Iterator[None]:
+        """Cut short before the first token (Ctrl-C, a client that left): the turn is kept
+        as interrupted with nothing shown, as a reply cut later keeps what was shown, and
+        the batches already prefilled are stored, so asking again does not redo them."""
+        self.report.finish_reason = "cancelled"
+        self.reply = ""
+        self._save_session(None, len(res.tokens))
+        self.stream.finish(self.report)
+        self.background = True
+        yield
+        leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
+        if leaf is not None:
+            self._save_session(leaf, len(res.tokens))
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning

@@ -31,6 +31,7 @@ from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
 from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
+from .kvstore._pressure import MemoryWatcher
 from .kvstore._store import TieredStore
 from .models import DigestCache, ModelManager
 from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
@@ -146,6 +147,21 @@ class LocalRuntime:
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
+        self.watcher = self._watch_memory()
+
+    def _watch_memory(self) -> MemoryWatcher | None:
+        """Starts the thread that shrinks the RAM pool when the system runs short
+        (close() stops it before the store closes)."""
+        store, floor = self.store, self.tuning.memory_floor_bytes
+        if store is None or store.pool is None or not store.pool.n_slots or floor <= 0:
+            return None
+        if not store.pool.returnable:  # said once; the policy sized it with this in mind
+            log.info("the RAM pool is %s: it cannot give memory back", store.pool.memory_kind)
+            return None
+        watcher = MemoryWatcher(store, floor, self.settings.memory_check_s)
+        self.add_background(watcher.thread, watcher.stop)
+        watcher.start()
+        return watcher
 
     def _open_store(self) -> TieredStore | None:
         s, t = self.settings, self.tuning
@@ -439,8 +455,18 @@ class LocalRuntime:
                 tokens=ram["tokens"],
                 bytes=ram["used_bytes"],
                 capacity_bytes=ram["capacity_bytes"],
+                limit_bytes=ram["limit_bytes"],
+                resident_bytes=ram["resident_bytes"],
                 memory=ram["memory"],
             )
+            out["memory"] = {
+                "floor_bytes": self.tuning.memory_floor_bytes,
+                "available_bytes": self.watcher.available if self.watcher else None,
+                "watching": self.watcher is not None,
+                "under_pressure": bool(self.watcher and self.watcher.under_pressure),
+                "pressure_events": store["pressure_events"],
+                "returned_bytes": store["returned_bytes"],
+            }
             tiers["disk"].update(
                 tokens=disk["tokens"],
                 bytes=disk["used_bytes"],
