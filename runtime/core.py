@@ -397,6 +397,12 @@ class LocalRuntime:
             self.store.drop(mine)
         return self.book.delete(session_id)
 
+    def rename_session(self, session_id: str, title: str) -> bool:
+        return self.book.rename(session_id, title)
+
+    def import_session(self, info: SessionInfo) -> bool:
+        return self.book.import_(info)
+
     def stats(self) -> dict[str, Any]:
         """Counters and tier usage, in the shape docs/api.md documents."""
         c = self.counters

@@ -190,6 +190,29 @@ class FakeRuntime:
         with self._cond:
             return self._entries.pop(session_id, None) is not None
 
+    def rename_session(self, session_id: str, title: str) -> bool:
+        with self._cond:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                entry.title = title
+            return entry is not None
+
+    def import_session(self, info: SessionInfo) -> bool:
+        """An imported conversation has no cached tokens: its tier is "none"."""
+        with self._cond:
+            if info.id in self._entries:
+                return False
+            title = info.title or _first_user(info.messages)[:60]
+            self._entries[info.id] = _Entry(
+                info.id,
+                title,
+                info.created,
+                messages=info.messages,
+                tier="none",
+                updated=info.updated,
+            )
+            return True
+
     def stats(self) -> dict[str, Any]:
         with self._cond:
             tiers = {

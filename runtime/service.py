@@ -25,6 +25,10 @@ class Runtime(Protocol):
     - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
+    - ``rename_session(id, title)`` gives a conversation the user's title (later turns
+      keep it); False when unknown. ``import_session(info)`` adds a conversation kept
+      elsewhere (its id, title, times and messages; no KV); an id already known is left
+      unchanged and gives False, so an import can be repeated.
     - ``stats()`` returns a JSON-able dict of counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
     - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
@@ -50,6 +54,10 @@ class Runtime(Protocol):
     def prewarm(self, session_id: str) -> int: ...
 
     def delete_session(self, session_id: str) -> bool: ...
+
+    def rename_session(self, session_id: str, title: str) -> bool: ...
+
+    def import_session(self, info: SessionInfo) -> bool: ...
 
     def stats(self) -> dict[str, Any]: ...
 
