@@ -401,6 +401,13 @@ class LocalRuntime:
         return self.book.rename(session_id, title)
 
     def import_session(self, info: SessionInfo) -> bool:
+        if not self.book.keep_text:
+            # Accepting would keep the ids and drop the text the client then forgets.
+            raise RequestError(
+                "history is off: this server keeps no conversation text, so it cannot "
+                "take conversations over",
+                "history",
+            )
         return self.book.import_(info)
 
     def stats(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The app's logic without Qt: the API client, the conversation store, the report
-sentences and the local-server launcher. Tested with plain pytest."""
+"""The app's logic without Qt: the API client, where conversations live (the server's
+store, or the app's own file), the report sentences and the local-server launcher.
+Tested with plain pytest."""
 
 from .api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
 from .errors import (
@@ -15,6 +16,7 @@ from .errors import (
     StoreError,
     describe,
 )
+from .history import History, ServerHistory
 from .launcher import LocalServer, is_loopback, serve_command
 from .memory import MemorySnapshot, TierUsage, parse_stats
 from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
@@ -27,6 +29,7 @@ from .types import (
     Health,
     Sampling,
     ServerSetting,
+    SessionMessage,
     SessionSummary,
     TextDelta,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "ConversationStore",
     "Finished",
     "Health",
+    "History",
     "LocalServer",
     "MemorySnapshot",
     "ModelMissing",
@@ -56,8 +60,10 @@ __all__ = [
     "ReplyReport",
     "Sampling",
     "ServerBusy",
+    "ServerHistory",
     "ServerSetting",
     "ServerUnavailable",
+    "SessionMessage",
     "SessionSummary",
     "StoreError",
     "StoredMessage",

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings
 from PySide6.QtGui import QCloseEvent, QGuiApplication
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from ..core.api import ApiClient
 from ..core.errors import UntrustedServer
+from ..core.history import History, ServerHistory, handed_over, to_hand_over
 from ..core.launcher import (
     KEY_FILE,
     LocalServer,
@@ -64,7 +66,11 @@ class WarmstartApp:
         self.options = options
         private_dir_files(options.data_dir)
         self.secrets = secrets or KeyringOrFile(options.data_dir)
+        # The app's own file: its preferences, and conversations only for a server that
+        # keeps none. A warmstart server keeps them (self.server_history is the view).
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
+        self.server_history = ServerHistory(self.store)
+        self.history: History = self.server_history  # until the server's kind is known
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
         self._server_key = new_key()
@@ -79,9 +85,11 @@ class WarmstartApp:
             self.jobs, backend or self._make_backend(), launcher=self._launcher()
         )
         private_file(self._settings_path(), create=True)
-        self.chat = ChatController(self.store, self.connection, self.jobs, lambda: self.prefs)
+        self.chat = ChatController(self.history, self.connection, self.jobs, lambda: self.prefs)
         self.conversations = ConversationListModel()
-        self.library = LibraryController(self.store, self.conversations, self.connection, self.jobs)
+        self.library = LibraryController(
+            self.history, self.conversations, self.connection, self.jobs
+        )
         self.memory = MemoryController(self.connection, self.jobs)
         self.window = MainWindow(options.scheme)
         self.window.conversations.setModel(self.conversations)
@@ -185,6 +193,7 @@ class WarmstartApp:
         w.search.textChanged.connect(self.library.set_search)
         w.search.textChanged.connect(lambda _t: self._select(chat.current))
         self.library.deleted.connect(self._on_deleted)
+        self.library.synced.connect(self._on_synced)
         self.library.prewarm_progress.connect(self._on_prewarm)
         # memory
         self.memory.snapshot.connect(w.memory.set_snapshot)
@@ -198,6 +207,7 @@ class WarmstartApp:
         conn.state_changed.connect(lambda s: w.connection_label.setText(self._state_text(s)))
         conn.became_ready.connect(self._on_ready)
         conn.capabilities.connect(lambda ok: None if ok else w.memory.set_snapshot(None))
+        conn.capabilities.connect(self._use_history)
         # actions
         w.new_button.clicked.connect(self.new_conversation)
         w.new_action.triggered.connect(self.new_conversation)
@@ -220,7 +230,7 @@ class WarmstartApp:
         """Show the window at once; connecting (and maybe starting a server) follows."""
         self.window.show()
         self.window.connection_label.setText(self._state_text(self.connection.state))
-        first = self.store.conversations()
+        first = self.history.conversations()
         if first:
             self.chat.open(first[0].id)
         else:
@@ -285,7 +295,7 @@ class WarmstartApp:
 
     def _selected_conversation(self) -> Conversation | None:
         cid = self._selected_id()
-        return self.store.get(cid) if cid else None
+        return self.history.get(cid) if cid else None
 
     def _rename_selected(self) -> None:
         conv = self._selected_conversation()
@@ -314,8 +324,62 @@ class WarmstartApp:
 
     def _on_deleted(self, cid: str) -> None:
         if cid == self.chat.current:
-            rest = self.store.conversations()
+            rest = self.history.conversations()
             self.chat.open(rest[0].id if rest else None)
+
+    # -- where conversations live ------------------------------------------------------
+
+    def _use_history(self, warmstart: bool) -> None:
+        """A warmstart server keeps the conversations (the command line's and the API's
+        too); a plain OpenAI-compatible server keeps none, so the app keeps its own."""
+        target: History = self.server_history if warmstart else self.store
+        if target is not self.history:
+            if not warmstart:
+                self._keep_drafts_here()
+            self.history = target
+            self.chat.set_history(target)
+            self.library.set_history(target)
+            self._select(self.chat.current)
+        if warmstart and is_loopback(self.connection.backend.base_url):
+            self._hand_over()
+
+    def _keep_drafts_here(self) -> None:
+        """Conversations begun before the server answered move to the app's own file."""
+        for conv in self.server_history.conversations():
+            messages = self.server_history.messages(conv.id)
+            if self.server_history.loaded(conv.id) and self.store.get(conv.id) is None:
+                self.store.create(conv.title, model=conv.model, cid=conv.id)
+                for m in messages:
+                    self.store.append(conv.id, m.role, m.content, m.report)
+
+    def _hand_over(self) -> None:
+        """The conversations in the app's own file move to the server on this machine,
+        once: each leaves the file when the server has it (see history.handed_over)."""
+        kept = to_hand_over(self.store)
+        if not kept and not self.store.conversations():
+            return
+        backend = self.connection.backend
+
+        def done(result: dict[str, Any] | None) -> None:
+            held = handed_over(self.store, self.server_history, result)
+            log.info("handed %d conversations over to the server", held)
+            self.memory.refresh()
+
+        self.jobs.submit(
+            lambda: backend.import_sessions(kept) if kept else {},
+            done,
+            lambda exc: log.warning("conversations stay in the app's file for now: %s", exc),
+        )
+
+    def _on_synced(self, suspects: set[str]) -> None:
+        """After a listing from the server: reselect, reread what changed, and open the
+        most recent conversation when none is open yet (the first listing)."""
+        self.chat.check_changed(suspects)
+        if self.chat.current is None and not self.chat.busy:
+            first = self.history.conversations()
+            if first:
+                self.chat.open(first[0].id)
+        self._select(self.chat.current)
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.prefs, self.window)
