@@ -38,7 +38,7 @@ def test_the_list_is_the_servers_plus_drafts_pinned_first() -> None:
     assert [c.id for c in history.conversations()] == [draft.id, "b", "a"]
     assert history.get("b").title == DEFAULT_TITLE  # a server with history off keeps no titles
     history.set_pinned("a", True)
-    assert [c.id for c in history.conversations()][0] == "a"
+    assert history.conversations()[0].id == "a"
     # pins are the app's preference: a new view of the same file has them
     assert ServerHistory(prefs).apply_list([summary("a", 5.0)]) and ServerHistory(
         prefs

@@ -117,6 +117,18 @@ class ChatController(QObject):
             lambda exc: self._on_load_failed(cid, exc),
         )
 
+    def _unread(self) -> bool:
+        """True while the open conversation's messages are not here yet (read again if
+        the last try failed): a turn sent now would overwrite the server's copy with a
+        partial one."""
+        history, cid = self._store, self.current
+        if cid is None or not isinstance(history, ServerHistory) or history.loaded(cid):
+            return False
+        if self._loading != cid:
+            self._load(cid)
+        self.status.emit("Still loading this conversation from the server…")
+        return True
+
     def _on_loaded(self, cid: str, session: SessionSummary | None) -> None:
         history = self._store
         if self._loading != cid or not isinstance(history, ServerHistory):
@@ -171,8 +183,7 @@ class ChatController(QObject):
         text = text.strip()
         if not text or self.busy:
             return False
-        if self._loading is not None and self._loading == self.current:
-            self.status.emit("Still loading this conversation from the server…")
+        if self._unread():
             return False
         cid = self.current or self.new_conversation()
         conv = self._store.get(cid)
@@ -199,7 +210,7 @@ class ChatController(QObject):
         msgs = self.messages()
         if self.busy or not msgs or self.current is None:
             return False
-        if self._loading is not None and self._loading == self.current:
+        if self._unread():
             return False
         if msgs[-1].role == "assistant":
             self._store.truncate(self.current, msgs[-1].position)
