@@ -19,7 +19,7 @@ from .errors import (
 from .history import History, ServerHistory
 from .launcher import LocalServer, is_loopback, serve_command
 from .memory import MemorySnapshot, TierUsage, parse_stats
-from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
+from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_degraded, format_status
 from .store import Conversation, ConversationStore, StoredMessage
 from .types import (
     Backend,
@@ -71,6 +71,7 @@ __all__ = [
     "TierUsage",
     "describe",
     "format_bytes",
+    "format_degraded",
     "format_status",
     "is_loopback",
     "parse_stats",

@@ -363,6 +363,7 @@ class WarmstartApp:
         def done(result: dict[str, Any] | None) -> None:
             held = handed_over(self.store, self.server_history, result)
             log.info("handed %d conversations over to the server", held)
+            self.library.reload()  # their pins
             self.memory.refresh()
 
         self.jobs.submit(

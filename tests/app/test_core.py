@@ -240,6 +240,29 @@ def test_stats_are_read_tolerantly():
     assert snap.hit_rate("live") == 3 / 8
 
 
+def test_a_degraded_disk_tier_is_read_and_said():
+    from warmstart.app.core.report import format_degraded
+
+    # the runtime's stats: the tier says it, with its reason
+    snap = parse_stats(
+        {"tiers": {"disk": {"degraded": True, "degraded_reason": "the cache disk is full"}}}
+    )
+    assert snap.degraded == {"disk": "the cache disk is full"}
+    # /health's shape, and a tier that says nothing more
+    assert parse_stats({"degraded": {"disk": "read-only"}}).degraded == {"disk": "read-only"}
+    assert parse_stats({"tiers": {"disk": {"degraded": True}}}).degraded == {"disk": ""}
+    assert (
+        parse_stats({"tiers": {"disk": {"degraded": False, "degraded_reason": None}}}).degraded
+        == {}
+    )
+    text = format_degraded(snap.degraded)
+    assert text.startswith("Disk tier off: the cache disk is full. Replies come from RAM only")
+    assert "comes back" in text
+    assert format_degraded({"disk": ""}).startswith("Disk tier off: no reason given.")
+    assert format_degraded({"ram": "x"}).startswith("RAM tier off: x.")
+    assert format_degraded({}) == ""
+
+
 def test_status_line_variants():
     miss = ReplyReport(prompt_tokens=20, prefill_ms=150, warmstart=True, ttft_ms=160)
     assert format_status(miss) == (
