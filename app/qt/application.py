@@ -45,6 +45,7 @@ from .views.settings_dialog import SettingsDialog
 from .workers import Jobs
 
 log = logging.getLogger(__name__)
+LAST_KEY = "last_conversation"  # reopened at the next start (the server's list comes later)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,8 @@ class WarmstartApp:
         self.memory.start()
 
     def shutdown(self) -> None:
+        if self.history is self.server_history:
+            self.store.set_preference(LAST_KEY, self.chat.current)
         settings = self._settings()
         settings.setValue("geometry", self.window.saveGeometry())
         settings.setValue("state", self.window.saveState())
@@ -249,6 +252,7 @@ class WarmstartApp:
         self.chat.stop()
         self.connection.shutdown()
         self.jobs.wait(5000)
+        self.jobs.forget()
         self.store.close()
 
     def _on_close(self, event: QCloseEvent) -> None:
@@ -339,6 +343,9 @@ class WarmstartApp:
             self.history = target
             self.chat.set_history(target)
             self.library.set_history(target)
+            first = target.conversations()
+            if not warmstart and first and self._untouched():
+                self.chat.open(first[0].id)  # the app's own list is here at once
             self._select(self.chat.current)
         if warmstart and is_loopback(self.connection.backend.base_url):
             self._hand_over()
@@ -373,14 +380,29 @@ class WarmstartApp:
         )
 
     def _on_synced(self, suspects: set[str]) -> None:
-        """After a listing from the server: reselect, reread what changed, and open the
-        most recent conversation when none is open yet (the first listing)."""
+        """After a listing from the server: reread what changed, resume the
+        conversation open when the app last closed, reselect."""
         self.chat.check_changed(suspects)
-        if self.chat.current is None and not self.chat.busy:
-            first = self.history.conversations()
-            if first:
-                self.chat.open(first[0].id)
+        self._resume_last()
         self._select(self.chat.current)
+
+    def _resume_last(self) -> None:
+        """The server's list comes after the window: the last conversation is opened
+        then, unless the user has begun something (a new one, or typing) meanwhile."""
+        last = self.store.preference(LAST_KEY)
+        if last is None:
+            return
+        self.store.set_preference(LAST_KEY, None)  # once: later it is the user's choice
+        if self._untouched() and self.history.get(last) is not None:
+            self.chat.open(last)
+
+    def _untouched(self) -> bool:
+        """No conversation open, none on its way, nothing typed."""
+        return (
+            self.chat.current is None
+            and not self.chat.busy
+            and not self.window.chat.composer.toPlainText().strip()
+        )
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.prefs, self.window)

@@ -150,17 +150,14 @@ class ChatController(QObject):
 
     def check_changed(self, suspects: set[str]) -> None:
         """The server saved these opened conversations again (our own reply, or another
-        client going on with one): the open one is read again and shown anew if it
-        differs; the others are read again when opened."""
+        client going on with one): each is read again, and the open one shown anew if
+        it differs. What is here stays meanwhile (mostly it is the same)."""
         history = self._store
         if not isinstance(history, ServerHistory):
             return
         backend = self._connection.backend
         for cid in suspects:
-            if cid != self.current:
-                history.forget(cid)
-            elif not self.busy and self._loading is None and self._editing is None:
-                self._reread(backend, cid)
+            self._reread(backend, cid)
 
     def _reread(self, backend: Backend, cid: str) -> None:
         self._jobs.submit(
@@ -171,7 +168,13 @@ class ChatController(QObject):
 
     def _on_refreshed(self, cid: str, session: SessionSummary | None) -> None:
         history = self._store
-        if session is None or not isinstance(history, ServerHistory) or self.busy:
+        if session is None or not isinstance(history, ServerHistory):
+            return
+        # a turn of ours on its way (the server's copy is about to change), or an edit
+        # under way: left as it is, and compared again at the next listing
+        if cid in (self._streaming_cid, self._pending) or (
+            cid == self.current and self._editing is not None
+        ):
             return
         if history.refresh(cid, session) and cid == self.current:
             self.opened.emit(cid, history.messages(cid))
