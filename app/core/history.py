@@ -80,6 +80,8 @@ class ServerHistory:
         self._seen: dict[str, float] = {}  # the server's `updated` our messages match
         self._busy: set[str] = set()  # a reply is on its way: the server is about to save
         self._gone: set[str] = set()  # deleted here; a listing may predate the deletion
+        self._titles: dict[str, str] = {}  # given to drafts: the server learns them later
+        self._titles_sent: set[str] = set()
         self._ids = itertools.count(1)
         self.synced = False  # True once the server's list has arrived
 
@@ -97,6 +99,9 @@ class ServerHistory:
         suspects: set[str] = set()
         for s in sessions:
             self._drafts.pop(s.id, None)
+            if self._titles.get(s.id) == s.title:  # the server has the user's title now
+                del self._titles[s.id]
+                self._titles_sent.discard(s.id)
             opened = s.id in self._messages and s.id not in self._busy
             if opened and self._seen.get(s.id) != s.updated:
                 suspects.add(s.id)
@@ -107,9 +112,26 @@ class ServerHistory:
 
     def _conversation(self, s: SessionSummary) -> Conversation:
         updated = s.updated or time.time()
-        return Conversation(
-            s.id, s.title or DEFAULT_TITLE, s.id in self._pinned, s.created or updated, updated
-        )
+        title = self._titles.get(s.id) or s.title or DEFAULT_TITLE
+        return Conversation(s.id, title, s.id in self._pinned, s.created or updated, updated)
+
+    def is_draft(self, cid: str) -> bool:
+        return cid in self._drafts
+
+    def title_later(self, cid: str, title: str) -> None:
+        """The user named a draft, which the server does not know yet: the title is
+        shown here and handed over by :meth:`titles_due` once the server lists it."""
+        self._titles[cid] = title.strip()
+
+    def titles_due(self) -> dict[str, str]:
+        """Titles given to drafts that the server now lists: to send, once."""
+        due = {
+            cid: t
+            for cid, t in self._titles.items()
+            if cid in self._listed and cid not in self._titles_sent
+        }
+        self._titles_sent |= set(due)
+        return due
 
     def loaded(self, cid: str) -> bool:
         return cid in self._messages

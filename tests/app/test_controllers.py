@@ -262,6 +262,13 @@ def test_a_chat_made_in_the_app_is_the_servers(qtbot, server_parts, fake_backend
     # our own reply, listed: compared, found the same, not redrawn (its report stays)
     qtbot.wait(200)
     assert history.messages(cid)[-1].report is not None
+    # a draft named before its first reply: the server gets the name once it has it
+    draft = chat.new_conversation()
+    library.rename(draft, "Named early")
+    with qtbot.waitSignal(chat.reply_finished, timeout=5000):
+        chat.send("second one")
+    qtbot.waitUntil(lambda: fake_backend.kept[draft]["title"] == "Named early", timeout=5000)
+    library.delete(draft)
     library.delete(cid)
     qtbot.waitUntil(lambda: cid not in fake_backend.kept, timeout=5000)
     qtbot.wait(200)

@@ -149,3 +149,20 @@ def test_only_what_the_server_confirms_leaves_the_file(tmp_path: Path) -> None:
     store.append(b.id, "user", "two")
     assert handed_over(store, ServerHistory(store), {"imported": [a.id]}) == 1
     assert [c.id for c in store.conversations()] == [b.id]
+
+
+def test_a_title_given_to_a_draft_reaches_the_server_once_it_lists_it() -> None:
+    history = ServerHistory(ConversationStore(":memory:"))
+    draft = history.create()
+    history.rename(draft.id, "My title")
+    history.title_later(draft.id, "My title")
+    assert history.titles_due() == {}  # not on the server yet
+    history.apply_list([summary(draft.id, 2.0, "what the server chose")])
+    assert history.get(draft.id).title == "My title"
+    assert history.titles_due() == {draft.id: "My title"}
+    assert history.titles_due() == {}  # sent once
+    history.apply_list([summary(draft.id, 2.0, "what the server chose")])
+    assert history.get(draft.id).title == "My title"  # until the server has it
+    history.apply_list([summary(draft.id, 3.0, "My title")])
+    history.apply_list([summary(draft.id, 4.0, "Renamed elsewhere")])
+    assert history.get(draft.id).title == "Renamed elsewhere"

@@ -57,12 +57,19 @@ class LibraryController(QObject):
         if title.strip():
             self._store.rename(cid, title)
             self.reload()
-            if isinstance(self._store, ServerHistory):
-                backend = self._connection.backend
-                self._jobs.submit(
-                    lambda: backend.rename_session(cid, title.strip()),
-                    on_error=lambda exc: log.warning("the server kept the old title: %s", exc),
-                )
+            history = self._store
+            if isinstance(history, ServerHistory):
+                if history.is_draft(cid):
+                    history.title_later(cid, title)
+                else:
+                    self._send_title(cid, title.strip())
+
+    def _send_title(self, cid: str, title: str) -> None:
+        backend = self._connection.backend
+        self._jobs.submit(
+            lambda: backend.rename_session(cid, title),
+            on_error=lambda exc: log.warning("the server kept the old title: %s", exc),
+        )
 
     def set_pinned(self, cid: str, pinned: bool) -> None:
         self._store.set_pinned(cid, pinned)
@@ -91,6 +98,8 @@ class LibraryController(QObject):
         if sessions is None or not isinstance(history, ServerHistory):
             return
         changed, suspects = history.apply_list(sessions)
+        for cid, title in history.titles_due().items():
+            self._send_title(cid, title)
         if changed:
             self.reload()
         self.synced.emit(suspects)
