@@ -354,8 +354,8 @@ class LocalRuntime:
             row.id, row.title, row.created, row.updated, row.n_tokens, tiers, row.messages
         )
 
-    def sessions(self) -> list[SessionInfo]:
-        return [self._info(row) for row in self.book.list()]
+    def sessions(self, search: str = "") -> list[SessionInfo]:
+        return [self._info(row) for row in self.book.list(search=search)]
 
     def session(self, session_id: str) -> SessionInfo | None:
         row = self.book.get(session_id)

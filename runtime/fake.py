@@ -164,9 +164,12 @@ class FakeRuntime:
     def count_tokens(self, request: Request) -> int:
         return len(tokenize(render(request)))
 
-    def sessions(self) -> list[SessionInfo]:
+    def sessions(self, search: str = "") -> list[SessionInfo]:
+        needle = search.strip().casefold()
         with self._cond:
             entries = sorted(self._entries.values(), key=lambda e: e.updated, reverse=True)
+            if needle:
+                entries = [e for e in entries if _mentions(e, needle)]
             return [self._info(e) for e in entries]
 
     def session(self, session_id: str) -> SessionInfo | None:
@@ -454,6 +457,11 @@ class FakeRuntime:
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()
+
+
+def _mentions(entry: _Entry, needle: str) -> bool:
+    texts = [entry.title, *(m.content for m in entry.messages)]
+    return any(needle in t.casefold() for t in texts)
 
 
 def _first_user(messages: tuple[Message, ...]) -> str:

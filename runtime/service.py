@@ -21,7 +21,8 @@ class Runtime(Protocol):
       thread and the stream yields Token events then exactly one Done.
     - Requests for different conversations may be submitted from many threads; the
       runtime serves them fairly and raises Busy when ``max_queue`` are waiting.
-    - ``sessions()`` lists known conversations, newest first, with per-tier tokens.
+    - ``sessions(search)`` lists known conversations, newest first, with per-tier
+      tokens; a ``search`` keeps those whose title or messages contain it.
     - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
@@ -47,7 +48,7 @@ class Runtime(Protocol):
 
     def count_tokens(self, request: Request) -> int: ...
 
-    def sessions(self) -> list[SessionInfo]: ...
+    def sessions(self, search: str = "") -> list[SessionInfo]: ...
 
     def session(self, session_id: str) -> SessionInfo | None: ...
 

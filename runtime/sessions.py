@@ -73,6 +73,11 @@ def _as_json(m: Message) -> dict[str, object]:
     return out
 
 
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
 class SessionBook:
     """``keep_text=False`` (the ``history`` setting off) keeps no conversation text:
     sessions are listed with their token counts and cache keys, without title or
@@ -95,10 +100,17 @@ class SessionBook:
             r = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return self._row(r) if r else None
 
-    def list(self, limit: int = 1000) -> list[SessionRow]:
+    def list(self, limit: int = 1000, search: str = "") -> list[SessionRow]:
+        """Newest first; ``search`` keeps those whose title or messages contain it
+        (case-insensitive for ASCII letters, as SQLite's LIKE)."""
+        where, args = "", []
+        if search.strip():
+            where = " WHERE title LIKE ? ESCAPE '\\' OR messages LIKE ? ESCAPE '\\'"
+            # the messages are JSON text: the words are matched as JSON writes them
+            args = [_like(search.strip()), _like(json.dumps(search.strip())[1:-1])]
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM sessions ORDER BY updated DESC LIMIT ?", (limit,)
+                f"SELECT * FROM sessions{where} ORDER BY updated DESC LIMIT ?", (*args, limit)
             ).fetchall()
         return [self._row(r) for r in rows]
 

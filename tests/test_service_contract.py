@@ -106,3 +106,7 @@ def test_rename_and_import_sessions(runtime: Runtime) -> None:
     runtime.generate(follow).text()  # type: ignore[attr-defined]
     got = runtime.session("old")
     assert got is not None and got.title == "Old chat" and len(got.messages) == 4
+    # search: titles and message text, case-insensitively
+    assert [s.id for s in runtime.sessions("old ANSWER")] == ["old"]
+    assert [s.id for s in runtime.sessions("renamed")] == ["one"]
+    assert runtime.sessions("50%_off") == []

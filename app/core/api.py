@@ -219,8 +219,9 @@ class ApiClient:
             raise ProtocolError("/models did not return a list")
         return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m]
 
-    def sessions(self) -> list[SessionSummary] | None:
-        data = self._warmstart_json("GET", "sessions")
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
+        params = {"q": search} if search else None
+        data = self._warmstart_json("GET", "sessions", params=params)
         if data is None:
             return None
         items = data.get("data") if isinstance(data, dict) else data

@@ -82,6 +82,7 @@ class ServerHistory:
         self._gone: set[str] = set()  # deleted here; a listing may predate the deletion
         self._titles: dict[str, str] = {}  # given to drafts: the server learns them later
         self._titles_sent: set[str] = set()
+        self._found: tuple[str, set[str]] = ("", set())  # the server's answer to a search
         self._ids = itertools.count(1)
         self.synced = False  # True once the server's list has arrived
 
@@ -186,10 +187,19 @@ class ServerHistory:
         rows = [*self._drafts.values(), *self._listed.values()]
         needle = search.strip().casefold()
         if needle:
-            # Titles, and the text of the conversations opened here: the server's list
-            # carries no messages.
-            rows = [c for c in rows if needle in c.title.casefold() or self._says(c.id, needle)]
+            # Titles and the text of the conversations opened here at once, and what the
+            # server found in the rest (its list carries no messages) when it answers.
+            found = self._found[1] if self._found[0] == needle else set()
+            rows = [
+                c
+                for c in rows
+                if needle in c.title.casefold() or c.id in found or self._says(c.id, needle)
+            ]
         return sorted(rows, key=lambda c: (not c.pinned, -c.updated))
+
+    def set_found(self, search: str, sessions: list[SessionSummary]) -> None:
+        """The server's answer to ``sessions(search)``."""
+        self._found = (search.strip().casefold(), {s.id for s in sessions})
 
     def _says(self, cid: str, needle: str) -> bool:
         return any(needle in m.content.casefold() for m in self._messages.get(cid, []))

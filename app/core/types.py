@@ -142,7 +142,10 @@ class Backend(Protocol):
         sampling: Sampling,
     ) -> ChatStream: ...
 
-    def sessions(self) -> list[SessionSummary] | None: ...
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
+        """The server's conversations, newest first; ``search`` keeps those whose title
+        or messages contain it."""
+        ...
 
     def session(self, session_id: str) -> SessionSummary | None:
         """One conversation with its messages; ``None`` when unknown or unsupported."""

@@ -6,9 +6,9 @@ The runtime calls here may wait on the runtime's locks, so these routes are plai
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ..types import SessionInfo
@@ -67,9 +67,12 @@ def build_router() -> APIRouter:
     router = APIRouter(prefix="/v1/warmstart", tags=["warmstart"])
 
     @router.get("/sessions")
-    def list_sessions(request: Request) -> dict[str, Any]:
-        """Known conversations, newest first, with their cached tokens per tier."""
-        infos = state(request).runtime.sessions()
+    def list_sessions(
+        request: Request, q: Annotated[str, Query(max_length=200)] = ""
+    ) -> dict[str, Any]:
+        """Known conversations, newest first, with their cached tokens per tier; ``q``
+        keeps those whose title or messages contain it."""
+        infos = state(request).runtime.sessions(q)
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id}", responses=ERRORS)

@@ -77,6 +77,8 @@ def test_import_adds_conversations_once(server: Server) -> None:
     assert one["messages"] == kept["messages"]
     listed = httpx.get(server.v1 + "/warmstart/sessions").json()["data"]
     assert kept["id"] in {s["id"] for s in listed}
+    found = httpx.get(server.v1 + "/warmstart/sessions", params={"q": "keys AND"}).json()
+    assert [s["id"] for s in found["data"]] == [kept["id"]]
     bad = {**kept, "messages": [{"role": "tool", "content": "x"}]}
     assert httpx.post(url, json={"sessions": [bad]}).status_code == 400
 

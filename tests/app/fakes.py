@@ -116,11 +116,17 @@ class FakeBackend:
         )
         return FakeStream(list(self.reply), report, self.gate, self.up)
 
-    def sessions(self) -> list[SessionSummary] | None:
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
         self._check()
         if not self.warmstart:
             return None
-        return [self._summary(k) for k in self.kept]
+        needle = search.casefold()
+        return [
+            self._summary(k)
+            for k, entry in self.kept.items()
+            if needle
+            in " ".join([entry["title"], *(m["content"] for m in entry["messages"])]).casefold()
+        ]
 
     def _summary(self, sid: str, messages: bool = False) -> SessionSummary:
         entry, n = self.kept[sid], self.known.get(sid, 0)

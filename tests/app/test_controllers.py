@@ -295,3 +295,23 @@ def test_sending_waits_until_the_conversation_is_read(qtbot, server_parts, fake_
         assert chat.send("new turn")
     sent = [m["content"] for m in fake_backend.requests[-1]["messages"]]
     assert sent == ["old", "Hello there!", "new turn"]
+
+
+def test_search_finds_text_the_app_has_not_read(qtbot, server_parts, fake_backend):
+    _history, conn, _chat, library, memory = server_parts
+    connect(qtbot, conn)
+    for sid, text in (("z", "where do zebras live?"), ("c", "cats")):
+        fake_backend.chat(
+            [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+            + [{"role": "user", "content": text}],
+            session_id=sid,
+            model=None,
+            sampling=Sampling(),
+        )
+    memory.start()
+    qtbot.waitUntil(lambda: library.model.rowCount() == 2, timeout=5000)
+    library.set_search("ZEBRAS")  # in no title, in no conversation opened here
+    qtbot.waitUntil(lambda: library.model.rowCount() == 1, timeout=5000)
+    assert library.model.conversation(0).id == "z"
+    library.set_search("")
+    assert library.model.rowCount() == 2

@@ -52,6 +52,22 @@ class LibraryController(QObject):
     def set_search(self, text: str) -> None:
         self.search_text = text
         self.reload()
+        history = self._store
+        if isinstance(history, ServerHistory) and text.strip():
+            # the text of conversations not opened here is on the server: ask it
+            backend = self._connection.backend
+            self._jobs.submit(
+                lambda: backend.sessions(text.strip()),
+                lambda found: self._on_found(text, found),
+                lambda exc: log.info("the server could not search: %s", exc),
+            )
+
+    def _on_found(self, text: str, found: list[SessionSummary] | None) -> None:
+        history = self._store
+        if isinstance(history, ServerHistory) and found is not None:
+            history.set_found(text, found)
+            if text == self.search_text:
+                self.reload()
 
     def rename(self, cid: str, title: str) -> None:
         if title.strip():
