@@ -302,8 +302,11 @@ def test_search_finds_text_the_app_has_not_read(qtbot, server_parts, fake_backen
     connect(qtbot, conn)
     for sid, text in (("z", "where do zebras live?"), ("c", "cats")):
         fake_backend.chat(
-            [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-            + [{"role": "user", "content": text}],
+            [
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": text},
+            ],
             session_id=sid,
             model=None,
             sampling=Sampling(),
