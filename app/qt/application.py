@@ -72,6 +72,7 @@ class WarmstartApp:
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
         self.server_history = ServerHistory(self.store)
         self.history: History = self.server_history  # until the server's kind is known
+        self._shut_down = False
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
         self._server_key = new_key()
@@ -241,8 +242,9 @@ class WarmstartApp:
         self.memory.start()
 
     def shutdown(self) -> None:
-        if self.history is self.server_history:
+        if self.history is self.server_history and not self._shut_down:
             self.store.set_preference(LAST_KEY, self.chat.current)
+        self._shut_down = True  # a second call (the window closing after) writes nothing
         settings = self._settings()
         settings.setValue("geometry", self.window.saveGeometry())
         settings.setValue("state", self.window.saveState())
