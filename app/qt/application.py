@@ -73,6 +73,7 @@ class WarmstartApp:
         self.server_history = ServerHistory(self.store)
         self.history: History = self.server_history  # until the server's kind is known
         self._shut_down = False
+        self._history_of: Backend | None = None  # the server self.server_history lists
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
         self._server_key = new_key()
@@ -338,6 +339,10 @@ class WarmstartApp:
     def _use_history(self, warmstart: bool) -> None:
         """A warmstart server keeps the conversations (the command line's and the API's
         too); a plain OpenAI-compatible server keeps none, so the app keeps its own."""
+        backend, before = self.connection.backend, self._history_of
+        self._history_of = backend
+        if before is not None and before is not backend:
+            self._fresh_server_history()  # another server (the settings changed)
         target: History = self.server_history if warmstart else self.store
         if target is not self.history:
             if not warmstart:
@@ -352,11 +357,19 @@ class WarmstartApp:
         if warmstart and is_loopback(self.connection.backend.base_url):
             self._hand_over()
 
+    def _fresh_server_history(self) -> None:
+        """The new server's list, not the last one's."""
+        old, self.server_history = self.server_history, ServerHistory(self.store)
+        if self.history is old:
+            self.history = self.server_history
+            self.chat.set_history(self.server_history)
+            self.library.set_history(self.server_history)
+
     def _keep_drafts_here(self) -> None:
         """Conversations begun before the server answered move to the app's own file."""
         for conv in self.server_history.conversations():
             messages = self.server_history.messages(conv.id)
-            if self.server_history.loaded(conv.id) and self.store.get(conv.id) is None:
+            if self.server_history.is_draft(conv.id) and self.store.get(conv.id) is None:
                 self.store.create(conv.title, model=conv.model, cid=conv.id)
                 for m in messages:
                     self.store.append(conv.id, m.role, m.content, m.report)

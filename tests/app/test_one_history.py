@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -133,4 +134,20 @@ def test_cli_chats_appear_in_the_app_and_app_chats_in_the_cli(
     listing = cli("sessions", "list", *data)
     assert mine in listing and "Say hello from the app." in listing
     assert session in listing
+    close(app)
+
+
+def test_another_server_brings_its_own_list(qtbot, fake_server, plain_server, app_data):
+    first, second = fake_server(), fake_server()
+    app = make_app(qtbot, app_data, first.url)
+    send(qtbot, app, "kept by the first server")
+    qtbot.waitUntil(lambda: titles(app) == ["kept by the first server"], timeout=WAIT)
+    app.apply_preferences(replace(app.prefs, base_url=second.url))
+    qtbot.waitUntil(lambda: app.connection.ready and titles(app) == [], timeout=WAIT)
+    send(qtbot, app, "kept by the second server")
+    qtbot.waitUntil(lambda: titles(app) == ["kept by the second server"], timeout=WAIT)
+    # a plain server keeps nothing: the app's own file does, and nothing else shows
+    app.apply_preferences(replace(app.prefs, base_url=plain_server.url))
+    qtbot.waitUntil(lambda: app.history is app.store, timeout=WAIT)
+    assert titles(app) == []
     close(app)
