@@ -33,7 +33,10 @@ class Runtime(Protocol):
       reset); conversations stay.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
       down); each stream still ends with its Done.
-    - ``close()`` stops the worker and flushes the disk tier; idempotent.
+    - ``wait_idle(timeout)`` waits until every submitted request has finished;
+      False when ``timeout`` seconds passed first (a model switch bounds its wait).
+    - ``close()`` stops the worker and flushes the disk tier; idempotent. A request
+      submitted after close() is refused (EngineError), never left waiting.
     """
 
     model_id: str
@@ -58,6 +61,8 @@ class Runtime(Protocol):
     def degraded(self) -> dict[str, str]: ...
 
     def cancel_all(self) -> None: ...
+
+    def wait_idle(self, timeout: float | None = None) -> bool: ...
 
     def clear_cache(self) -> None: ...
 

@@ -9,7 +9,7 @@ one owner of those numbers. Stats keys that a runtime does not provide are skipp
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -26,14 +26,15 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 
 class _RuntimeCollector(Collector):
-    """Reads tier usage, evictions and queue depth from ``runtime.stats()``."""
+    """Reads tier usage, evictions and queue depth from ``runtime.stats()`` of the
+    runtime loaded at scrape time (a model switch replaces it)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Callable[[], Runtime]) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
         try:
-            stats = self._runtime.stats()
+            stats = self._runtime().stats()
         except Exception:  # a scrape must not fail because the runtime is busy or closing
             log.exception("runtime.stats() failed during a metrics scrape")
             return
@@ -79,7 +80,7 @@ def _tier_metrics(tiers: dict[str, Any]) -> Iterator[Metric]:
 class Metrics:
     """The app's metrics; ``observe`` after each reply, ``render`` for /metrics."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Callable[[], Runtime]) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.requests = Counter(

@@ -149,3 +149,9 @@ class ErrorResponse(BaseModel):
 class PrewarmResult(BaseModel):
     session_id: str
     promoted_tokens: int
+
+
+class LoadModelRequest(_Body):
+    """``POST /v1/warmstart/models/load``: the installed model to switch to."""
+
+    model: Annotated[Text, Field(min_length=1, max_length=256)]

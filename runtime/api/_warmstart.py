@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
+from ._schemas import LoadModelRequest
 from ._state import ERRORS, AppState, state
 
 # Settings whose values never leave the server.
@@ -96,6 +97,14 @@ def build_router() -> APIRouter:
             "session": _session(info, messages=False),
         }
 
+    @router.post("/models/load", responses=ERRORS)
+    def load_model(body: LoadModelRequest, request: Request) -> dict[str, Any]:
+        """Switches to an installed model (as a request naming it would) and answers
+        once it is loaded; 404 model_not_found for a name no installed model has."""
+        st = state(request)
+        load_ms = st.load(body.model)
+        return {"model": st.model_name, "loaded": True, "load_ms": round(load_ms, 1)}
+
     @router.get("/stats")
     def stats(request: Request) -> dict[str, Any]:
         """The runtime's counters and tier usage (runtime.stats())."""
@@ -131,9 +140,11 @@ def build_service_router() -> APIRouter:
     def health(request: Request) -> dict[str, Any]:
         """Liveness; open without an API key. ``degraded`` names what runs in a reduced
         mode (the disk tier off: replies go on from RAM), and why."""
-        runtime = state(request).runtime
-        out: dict[str, Any] = {"status": "ok", "model": runtime.model_id}
-        degraded = runtime.degraded()
+        st = state(request)
+        out: dict[str, Any] = {"status": "ok", "model": st.model_name}
+        if st.loading is not None:  # requests wait for the switch; they are not refused
+            out["loading"] = st.loading
+        degraded = st.runtime.degraded()
         if degraded:
             out["degraded"] = degraded
         return out
