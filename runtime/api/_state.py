@@ -22,7 +22,7 @@ import anyio
 from fastapi import Request
 
 from ..catalogue import load_catalogue
-from ..errors import ModelError
+from ..errors import ModelError, ModelNotFound
 from ..installed import MetadataCache, installed_paths, model_name
 from ..models import ModelManager
 from ..service import Runtime
@@ -95,13 +95,12 @@ class AppState:
         """Name -> file of the models this server can switch to (none without an opener)."""
         return installed_paths(self.settings.models_dir) if self.opener is not None else {}
 
-    def target(self, name: str | None) -> Path | None:
-        """The file to switch to for ``name``; None when the loaded model answers to it.
-        Raises 404 model_not_found for a name no installed model has."""
-        if name is None or name in MODEL_ALIASES or name == self.model_name:
+    def wanted(self, name: str | None) -> str | None:
+        """The model ``name`` asks for (None: whichever is loaded, for an alias or no
+        name). Raises 404 model_not_found for a name no installed model has."""
+        if name is None or name in MODEL_ALIASES:
             return None
-        path = self.installed().get(name)
-        if path is None:
+        if name != self.model_name and name not in self.installed():
             known = ", ".join(sorted({self.model_name, *self.installed()}))
             raise APIError(
                 404,
@@ -109,27 +108,27 @@ class AppState:
                 param="model",
                 code="model_not_found",
             )
-        return None if path.resolve() == self.model_path else path.resolve()
+        return name
 
     def check_model(self, name: str | None) -> None:
         """Raises 404 model_not_found unless ``name`` is known (switches nothing)."""
-        self.target(name)
+        self.wanted(name)
 
     def acquire(self, name: str | None) -> tuple[Runtime, str]:
         """The runtime for ``name`` and the name it answers by, switching to it first
         when needed (blocking: call it from a worker thread). Every acquire is
         followed by one release(), once the request has been submitted."""
-        path = self.target(name)
+        want = self.wanted(name)
         while True:
             with self._cv:
                 while self.loading is not None:
                     self._cv.wait()
-                if path is None or path == self.model_path:
+                if want is None or want == self.model_name:
                     self._users += 1
                     return self.runtime, self.model_name
-                self.loading = str(name)
+                self.loading = want
             try:
-                self._switch(path, str(name))
+                self._switch(want)
             finally:
                 with self._cv:
                     self.loading = None
@@ -148,17 +147,21 @@ class AppState:
         self.release()
         return 0.0 if self.model_path == before else (time.perf_counter() - t0) * 1000
 
-    def _switch(self, path: Path, name: str) -> None:
+    def _switch(self, name: str) -> None:
         """Closes the loaded runtime, once its replies are done or have had
-        switch_wait_s, and opens ``path``; on failure the previous model comes back."""
-        assert self.opener is not None  # target() finds nothing to switch to without one
+        switch_wait_s, and opens ``name``; on failure the previous model comes back."""
+        assert self.opener is not None  # wanted() names none to switch to without one
+        path = self.installed().get(name)
+        if path is None:  # removed since wanted() saw it
+            raise ModelNotFound(f"the model '{name}' is no longer installed")
+        path = path.resolve()
         wait_s = self.settings.switch_wait_s
         with self._cv:  # requests that chose this runtime submit within milliseconds
             self._cv.wait_for(lambda: self._users == 0, timeout=wait_s)
         old, old_path = self.runtime, self.model_path
         log.info("switching model: %s -> %s", self.model_name, name)
         if not old.wait_idle(wait_s):
-            log.warning("replies still running after %.0f s: cancelled for the switch", wait_s)
+            log.warning("replies still running after %.1f s: cancelled for the switch", wait_s)
             old.cancel_all()
         old.close()
         try:
