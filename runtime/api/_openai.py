@@ -42,7 +42,7 @@ def _card(st: AppState, name: str, path: Path | None) -> dict[str, Any]:
     it is loaded now."""
     loaded = name == st.model_name
     info = describe(name, path, st.metadata) if path is not None else None
-    n_ctx = st.runtime.n_ctx if loaded else st.served_ctx.get(path) if path else None
+    n_ctx = st.runtime.n_ctx if loaded else st.served_ctx.get(path.resolve()) if path else None
     train = info.context_length if info else None
     return {
         "id": name,

@@ -44,9 +44,8 @@ class Setup:
     url: str
     log: list[str] = field(default_factory=list)
 
-    @property
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0)
+    def __post_init__(self) -> None:
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0)
 
     def ask(self, model: str, **kw: object) -> openai.types.chat.ChatCompletion:
         return self.client.chat.completions.create(model=model, messages=ASK, **kw)  # type: ignore[arg-type, call-overload, no-any-return]
@@ -72,7 +71,9 @@ def setup(tmp_path: Path, clean_settings: None, request: pytest.FixtureRequest) 
     first = Model("alpha", log, token_delay=delay, reply_words=words)
     app = create_app(settings, first, opener)
     with serving(app) as url:
-        yield Setup(url, log)
+        setup = Setup(url, log)
+        yield setup
+        setup.client.close()
     app.state.warmstart.close()
 
 
