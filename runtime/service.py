@@ -36,7 +36,7 @@ class Runtime(Protocol):
     - ``wait_idle(timeout)`` waits until every submitted request has finished;
       False when ``timeout`` seconds passed first (a model switch bounds its wait).
     - ``close()`` stops the worker and flushes the disk tier; idempotent. A request
-      submitted after close() is refused (EngineError), never left waiting.
+      submitted after close() is refused (a WarmstartError), never left waiting.
     """
 
     model_id: str
