@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,16 @@ from tests.gguf_files import tiny_model
 
 
 def test_the_file_types_are_llama_cpps() -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    # read from the bindings' source: importing llama_cpp leaves /dev/null open at exit
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        pytest.skip("llama_cpp is not installed")
+    source = (Path(spec.origin).parent / "llama_cpp.py").read_text()
     theirs = {
-        value: name.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_ALL_")
-        for name, value in vars(llama_cpp).items()
-        if name.startswith("LLAMA_FTYPE_") and name != "LLAMA_FTYPE_GUESSED"
+        int(value): name
+        for name, value in re.findall(r"^LLAMA_FTYPE_(?:MOSTLY_|ALL_)(\w+) = (\d+)", source, re.M)
     }
+    assert len(theirs) > 30
     assert all(theirs[code] == name for code, name in _gguf.FILE_TYPES.items())
 
 
@@ -109,3 +115,16 @@ def test_headers_are_read_once_per_file_version(
     tiny_model(path, "gemma3", ctx=4096)  # replaced: another size (and mtime)
     assert describe("m", path, cache).context_length == 4096
     assert len(reads) == 2
+
+
+def test_a_listed_name_resolves_and_removes(tmp_path: Path) -> None:
+    from warmstart.runtime.models import ModelManager
+
+    models = tmp_path / "models"
+    models.mkdir()
+    path = tiny_model(models / "My-Model.Q8_0.gguf")
+    manager = ModelManager(models)
+    (name,) = installed_paths(models)
+    assert manager.resolve(name, auto_pull=False) == path
+    assert manager.rm(name) == (path,)
+    assert installed_paths(models) == {}
