@@ -10,28 +10,37 @@ keyed by its fingerprint, and the runtime closed by the switch flushed them to d
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from warmstart.runtime.api import create_app
 from warmstart.runtime.core import LocalRuntime
 
+from tests.api.conftest import run_server
 from tests.api.inproc import serving
-from tests.conftest import SYSTEM, small_settings
+from tests.conftest import SYSTEM, seed_extra_buffer_verdicts, small_settings
 
 pytestmark = pytest.mark.slow
 
 SMOL, GEMMA = "smollm2-135m", "gemma-3-270m-q4_k_m"
 
 
+def install(data_dir: Path, *paths: Path) -> Path:
+    """The models directory of ``data_dir``, holding ``paths`` as a pull leaves them."""
+    models = data_dir / "models"
+    models.mkdir(parents=True)
+    for path in paths:
+        (models / path.name).symlink_to(path)
+    return models
+
+
 @pytest.fixture
 def client(tmp_path: Path, model_path: Path, gemma_path: Path) -> Iterator[openai.OpenAI]:
-    models = tmp_path / "models"
-    models.mkdir()
-    for path in (model_path, gemma_path):  # installed, as a pull would leave them
-        (models / path.name).symlink_to(path)
+    models = install(tmp_path, model_path, gemma_path)
 
     def opener(path: Path) -> LocalRuntime:
         return LocalRuntime(small_settings(tmp_path, path))
@@ -83,3 +92,24 @@ def test_alternating_models_by_name_get_their_own_replies_and_caches(
     cards = {m.id: m.model_extra or {} for m in client.models.list().data}
     assert cards[GEMMA]["loaded"] and cards[GEMMA]["architecture"] == "gemma3"
     assert not cards[SMOL]["loaded"] and cards[SMOL]["n_ctx"] == 1024
+
+
+def test_warmstart_serve_switches_through_its_factory(
+    tmp_path: Path, model_path: Path, gemma_path: Path
+) -> None:
+    """The real command: `warmstart serve` opens the other model through the factory
+    (probe, calibration, policy), on the load route and on a request naming it."""
+    install(tmp_path, model_path, gemma_path)
+    seed_extra_buffer_verdicts(tmp_path)
+    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--data-dir", str(tmp_path)]
+    with run_server(cmd, "--prewarm-sessions", "0", start_timeout_s=180, log_dir=tmp_path) as srv:
+        cards = httpx.get(srv.v1 + "/models").json()["data"]
+        assert [(c["id"], c["loaded"]) for c in cards] == [(SMOL, True), (GEMMA, False)]
+        load = httpx.post(srv.v1 + "/warmstart/models/load", json={"model": GEMMA}, timeout=180)
+        assert load.status_code == 200 and load.json()["model"] == GEMMA, load.text
+        assert httpx.get(srv.base_url + "/health").json()["model"] == GEMMA
+        with openai.OpenAI(base_url=srv.v1, api_key="local", max_retries=0, timeout=180) as c:
+            text, _, _ = ask(c, SMOL)  # a request naming the other switches back
+            assert text
+    log = srv.log()
+    assert "Traceback" not in log and "ERROR" not in log, log
