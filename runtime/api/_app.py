@@ -32,7 +32,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
     path, name = loaded_model(settings, runtime) if opener else (None, runtime.model_id)
-    metrics = Metrics(lambda: st.runtime)  # the loaded one at each scrape
+    metrics = Metrics(lambda: st.settled())  # the loaded one at each scrape
     st = AppState(settings, runtime, metrics, opener=opener, model_path=path, model_name=name)
     app.state.warmstart = st
     _errors.install(app)

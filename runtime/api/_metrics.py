@@ -27,14 +27,17 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 class _RuntimeCollector(Collector):
     """Reads tier usage, evictions and queue depth from ``runtime.stats()`` of the
-    runtime loaded at scrape time (a model switch replaces it)."""
+    runtime loaded at scrape time (a model switch replaces it; None during one)."""
 
-    def __init__(self, runtime: Callable[[], Runtime]) -> None:
+    def __init__(self, runtime: Callable[[], Runtime | None]) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
+        runtime = self._runtime()
+        if runtime is None:  # a model switch is under way: its figures come next scrape
+            return
         try:
-            stats = self._runtime().stats()
+            stats = runtime.stats()
         except Exception:  # a scrape must not fail because the runtime is busy or closing
             log.exception("runtime.stats() failed during a metrics scrape")
             return
@@ -80,7 +83,7 @@ def _tier_metrics(tiers: dict[str, Any]) -> Iterator[Metric]:
 class Metrics:
     """The app's metrics; ``observe`` after each reply, ``render`` for /metrics."""
 
-    def __init__(self, runtime: Callable[[], Runtime]) -> None:
+    def __init__(self, runtime: Callable[[], Runtime | None]) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.requests = Counter(

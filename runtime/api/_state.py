@@ -11,10 +11,11 @@ the switch; none fails because another model is loading.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,12 +140,27 @@ class AppState:
             self._users -= 1
             self._cv.notify_all()
 
+    @contextlib.contextmanager
+    def using(self, name: str | None = None) -> Iterator[Runtime]:
+        """acquire() and release() around a call to the runtime (blocking)."""
+        runtime, _ = self.acquire(name)
+        try:
+            yield runtime
+        finally:
+            self.release()
+
+    def settled(self) -> Runtime | None:
+        """The loaded runtime, or None while a switch is closing or opening one (for
+        readers that must not wait, such as a metrics scrape)."""
+        with self._cv:
+            return None if self.loading is not None else self.runtime
+
     def load(self, name: str) -> float:
         """Makes ``name`` the loaded model; the milliseconds it took (0 when it was)."""
         t0 = time.perf_counter()
         before = self.model_path
-        self.acquire(name)
-        self.release()
+        with self.using(name):
+            pass
         return 0.0 if self.model_path == before else (time.perf_counter() - t0) * 1000
 
     def _switch(self, name: str) -> None:

@@ -1,7 +1,8 @@
-"""warmstart's own routes: sessions, prewarm, stats, settings, /health, /metrics.
+"""warmstart's own routes: sessions, prewarm, stats, settings, models, /health, /metrics.
 
-The runtime calls here may wait on the runtime's locks, so these routes are plain
-``def`` functions, which FastAPI runs in its thread pool.
+The runtime calls here may wait on the runtime's locks (and on a model switch, which
+never closes a runtime in use), so these routes are plain ``def`` functions, which
+FastAPI runs in its thread pool.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ..service import Runtime
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
 from ._schemas import LoadModelRequest
-from ._state import ERRORS, AppState, state
+from ._state import ERRORS, state
 
 # Settings whose values never leave the server.
 _SECRET = frozenset({"api_key"})
@@ -54,8 +56,8 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     return body
 
 
-def _known(st: AppState, session_id: str) -> SessionInfo:
-    info = st.runtime.session(session_id)
+def _known(runtime: Runtime, session_id: str) -> SessionInfo:
+    info = runtime.session(session_id)
     if info is None:
         raise APIError(
             404, f"no session '{session_id}'", param="session_id", code="session_not_found"
@@ -69,28 +71,31 @@ def build_router() -> APIRouter:
     @router.get("/sessions")
     def list_sessions(request: Request) -> dict[str, Any]:
         """Known conversations, newest first, with their cached tokens per tier."""
-        infos = state(request).runtime.sessions()
+        with state(request).using() as runtime:
+            infos = runtime.sessions()
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id}", responses=ERRORS)
     def get_session(session_id: str, request: Request) -> dict[str, Any]:
         """One conversation, with its messages."""
-        return _session(_known(state(request), session_id), messages=True)
+        with state(request).using() as runtime:
+            return _session(_known(runtime, session_id), messages=True)
 
     @router.delete("/sessions/{session_id}", responses=ERRORS)
     def delete_session(session_id: str, request: Request) -> dict[str, Any]:
         """Forgets a conversation and drops the chunks no other conversation uses."""
-        if not state(request).runtime.delete_session(session_id):
-            _known(state(request), session_id)  # raises the 404
+        with state(request).using() as runtime:
+            if not runtime.delete_session(session_id):
+                _known(runtime, session_id)  # raises the 404
         return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
 
     @router.post("/sessions/{session_id}/prewarm", responses=ERRORS)
     def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:
         """Promotes a conversation's cached chunks to RAM before it is needed."""
-        st = state(request)
-        _known(st, session_id)
-        promoted = st.runtime.prewarm(session_id)
-        info = _known(st, session_id)
+        with state(request).using() as runtime:
+            _known(runtime, session_id)
+            promoted = runtime.prewarm(session_id)
+            info = _known(runtime, session_id)
         return {
             "session_id": session_id,
             "promoted_tokens": promoted,
@@ -108,19 +113,22 @@ def build_router() -> APIRouter:
     @router.get("/stats")
     def stats(request: Request) -> dict[str, Any]:
         """The runtime's counters and tier usage (runtime.stats())."""
-        return state(request).runtime.stats()
+        with state(request).using() as runtime:
+            return runtime.stats()
 
     @router.post("/cache/clear")
     def clear_cache(request: Request) -> dict[str, Any]:
         """Empties the KV cache (RAM and disk; a damaged disk cache is reset). The
         conversations stay listed; their next turn is computed again."""
-        state(request).runtime.clear_cache()
+        with state(request).using() as runtime:
+            runtime.clear_cache()
         return {"object": "warmstart.cache.cleared", "cleared": True}
 
     @router.get("/settings")
     def settings(request: Request) -> dict[str, Any]:
         """The effective settings, each ``{"value", "reason"}``; secrets are redacted."""
-        report = state(request).runtime.settings_report()
+        with state(request).using() as runtime:
+            report = runtime.settings_report()
         return {
             name: (
                 {"value": "<redacted>", "reason": entry.get("reason", "")}

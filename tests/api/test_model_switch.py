@@ -65,6 +65,7 @@ def setup(tmp_path: Path, clean_settings: None, request: pytest.FixtureRequest) 
         if path.stem == "broken":
             raise ModelError(f"{path} cannot be loaded")
         log.append(f"open {path.stem}")
+        time.sleep(kw.get("open_s", 0.0))
         return Model(path.stem, log, token_delay=delay, reply_words=words)
 
     delay, words = kw.get("token_delay", 0.0), kw.get("reply_words")
@@ -152,6 +153,26 @@ def test_a_switch_waits_boundedly_then_cancels_the_replies_in_progress(setup: Se
     long_reply.join(timeout=30)
     assert done and done[0].model == "alpha"
     assert done[0].model_extra["x_warmstart"]["finish_reason"] == "cancelled"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("setup", [{"open_s": 1.0}], indirect=True)
+def test_other_routes_wait_for_a_switch_instead_of_meeting_a_closed_model(setup: Setup) -> None:
+    loading = threading.Thread(
+        target=httpx.post,
+        args=(setup.url + "/v1/warmstart/models/load",),
+        kwargs={"json": {"model": "beta"}, "timeout": 30},
+    )
+    loading.start()
+    deadline = time.monotonic() + 10
+    while "open beta" not in setup.log and time.monotonic() < deadline:
+        time.sleep(0.01)
+    health = httpx.get(setup.url + "/health").json()  # answers at once, and says so
+    assert health == {"status": "ok", "model": "alpha", "loading": "beta"}
+    assert httpx.get(setup.url + "/metrics").status_code == 200
+    assert httpx.get(setup.url + "/v1/warmstart/stats", timeout=30).json()["model"] == "beta"
+    assert httpx.get(setup.url + "/v1/warmstart/sessions", timeout=30).status_code == 200
+    loading.join(timeout=30)
+    assert "loading" not in httpx.get(setup.url + "/health").json()
 
 
 def test_a_model_that_fails_to_load_leaves_the_previous_one_serving(
