@@ -32,6 +32,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "overflow",
         "history",
         "no_cache",
+        "embedding_model",
     ),
     "store": (
         "cache_dir",
@@ -51,6 +52,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "server": (
         "allowed_hosts",
         "cors_origins",
+        "warmstart_routes",
         "tls_key",
         "max_request_bytes",
         "max_queue",

@@ -12,7 +12,7 @@ import collections
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ._embeddings import EmbeddingService
 from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._kvblob import CacheLayout
@@ -35,7 +36,7 @@ from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
 from .sessions import SessionBook, derived_session_id
 from .settings import Settings
 from .streams import QueueStream
-from .types import TIERS, Report, Request, SessionInfo, Stream
+from .types import TIERS, Embeddings, Report, Request, SessionInfo, Stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,6 +114,7 @@ class LocalRuntime:
             model=loaded.model,
         )
         self.model_id = path.stem if settings.model not in ("default",) else "default"
+        self.embeddings = EmbeddingService.for_settings(settings, loaded.model, self.model_id)
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
         keep_text = settings.history and not settings.no_cache
@@ -457,6 +459,11 @@ class LocalRuntime:
         )
         return out
 
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """On the worker thread (it owns the model), between two steps of the replies."""
+        items = list(texts)
+        return self._call(lambda: self.embeddings.embed(items))
+
     def settings_report(self) -> dict[str, dict[str, Any]]:
         return self.tuning.report()
 
@@ -500,6 +507,7 @@ class LocalRuntime:
             self.store.flush()
             self.store.close()
         self.book.close()
+        self.embeddings.close()  # its context lives on the engine's model
         self.engine.close()
 
     def __enter__(self) -> LocalRuntime:

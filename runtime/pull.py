@@ -15,6 +15,8 @@ import os
 import shutil
 import ssl
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import certifi
 import httpx
 from tqdm import tqdm
 
-from .errors import ModelError
+from .errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)
 SPACE_MARGIN = 256 << 20  # left free on the disk after the download: the cache lives there too
@@ -45,6 +47,23 @@ class Source:
     size: int | None  # from the server; None when it does not say
     sha256: str | None
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A download followed from outside the terminal (the app's picker): ``progress``
+    gets (bytes done, bytes in all or None) after every block, on the downloading
+    thread; setting ``cancel`` from any thread stops it at the next block with
+    :class:`~.errors.Cancelled`, keeping the ``.part`` so the next pull resumes."""
+
+    progress: Callable[[int, int | None], None] | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def update(self, done: int, total: int | None) -> None:
+        if self.cancel.is_set():
+            raise Cancelled("the download was cancelled; it resumes where it stopped")
+        if self.progress is not None:
+            self.progress(done, total)
 
 
 def _offline(where: str, exc: Exception) -> ModelError:
@@ -99,8 +118,12 @@ def check_space(directory: Path, needed: int) -> None:
         )
 
 
-def download(source: Source, dest: Path, progress: bool | None = None) -> tuple[Path, str]:
-    """``source`` into ``dest``, resuming ``dest.part``; returns (path, sha256)."""
+def download(
+    source: Source, dest: Path, progress: bool | None = None, watch: Watch | None = None
+) -> tuple[Path, str]:
+    """``source`` into ``dest``, resuming ``dest.part``; returns (path, sha256).
+    ``progress``: the terminal's bar (default: when stderr is one); ``watch``: the
+    same figures for a caller, and its cancel."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
@@ -111,7 +134,7 @@ def download(source: Source, dest: Path, progress: bool | None = None) -> tuple[
         check_space(dest.parent, source.size - have)
     show = sys.stderr.isatty() if progress is None else progress
     if source.size is None or have < source.size:
-        _fetch(source, part, have, show)
+        _fetch(source, part, have, show, watch or Watch())
     digest = _sha256(part)
     if source.sha256 is not None and digest != source.sha256:
         part.unlink()
@@ -125,7 +148,7 @@ def download(source: Source, dest: Path, progress: bool | None = None) -> tuple[
     return dest, digest
 
 
-def _fetch(source: Source, part: Path, have: int, show: bool) -> None:
+def _fetch(source: Source, part: Path, have: int, show: bool, watch: Watch) -> None:
     headers = dict(source.headers)
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -147,10 +170,17 @@ def _fetch(source: Source, part: Path, have: int, show: bool) -> None:
                 bar.reset(total=source.size)
             f.seek(have)
             f.truncate()
-            for block in r.iter_bytes(BLOCK):
+            watch.update(have, source.size)
+            # as the bytes come (not in BLOCK-sized pieces), so that progress moves and a
+            # cancel is seen on a slow line; a stalled one is seen at the read timeout
+            for block in r.iter_bytes():
                 f.write(block)
+                have += len(block)
                 bar.update(len(block))
+                watch.update(have, source.size)
     except httpx.HTTPError as exc:
+        if watch.cancel.is_set():  # the connection failed after the user stopped it
+            raise Cancelled("the download was cancelled; it resumes where it stopped") from exc
         raise _offline(source.url.split("/", 3)[2], exc) from exc
     finally:
         bar.close()

@@ -7,9 +7,10 @@ without a model. Both pass the same contract tests (tests/test_service_contract.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .types import Request, SessionInfo, Stream
+from .types import Embeddings, Request, SessionInfo, Stream
 
 
 @runtime_checkable
@@ -31,6 +32,8 @@ class Runtime(Protocol):
       disk tier off: RAM only); empty when all is well. Cheap: /health calls it.
     - ``clear_cache()`` empties the KV cache in every tier (a damaged disk cache is
       reset); conversations stay.
+    - ``embed(texts)`` returns one unit-length vector per text (Embeddings); raises
+      RequestError (param ``input``) for an empty text or one too long to embed.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
       down); each stream still ends with its Done.
     - ``wait_idle(timeout)`` waits until every submitted request has finished;
@@ -55,6 +58,8 @@ class Runtime(Protocol):
     def delete_session(self, session_id: str) -> bool: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def embed(self, texts: Sequence[str]) -> Embeddings: ...
 
     def settings_report(self) -> dict[str, dict[str, Any]]: ...
 

@@ -170,6 +170,17 @@ class Settings(BaseSettings):
         "'*' turns the check off)",
     )
     cors_origins: tuple[str, ...] = Field((), description="origins allowed by CORS (none: off)")
+    warmstart_routes: bool = Field(
+        True,
+        description="serve warmstart's own /v1/warmstart/ routes (sessions, stats, "
+        "settings); off, the server answers like a plain OpenAI-compatible one (as vLLM "
+        "does), to check that clients cope without them",
+    )
+    embedding_model: str | None = Field(
+        None,
+        description="a GGUF (path or pulled name) for /v1/embeddings and /api/embed "
+        "(default: the chat model's own pooled embeddings)",
+    )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for https")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for https")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")

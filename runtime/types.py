@@ -29,6 +29,9 @@ class Sampling:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    # a GBNF grammar (root rule ``root``) the reply must match: JSON output, forced
+    # tool calls; applied before any other step of the chain
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,15 @@ class Report:
         if self.trimmed_messages:
             parts.append(f"{self.trimmed_messages} earliest messages left out to fit")
         return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """Unit-length vectors, one per input text, and the tokens they took."""
+
+    model: str
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)

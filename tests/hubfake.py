@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ class Hub:
     ranges: list[str | None] = field(default_factory=list)  # Range of every GET
     release: threading.Event = field(default_factory=threading.Event)
     url: str = ""
+    throttle: float = 0.0  # seconds between 64 KiB pieces of a GET: a slow line
 
     def add_hub_file(self, repo: str, filename: str, data: bytes, revision: str = "main") -> str:
         self.files[f"/{repo}/resolve/{revision}/{filename}"] = data
@@ -83,7 +85,13 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 hub.release.wait(60)  # until the test has killed the client
                 self.close_connection = True
                 return
-            self.wfile.write(body)
+            if not hub.throttle:
+                self.wfile.write(body)
+                return
+            for at in range(0, len(body), 1 << 16):
+                self.wfile.write(body[at : at + (1 << 16)])
+                self.wfile.flush()
+                time.sleep(hub.throttle)
 
     return Handler
 

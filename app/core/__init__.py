@@ -1,5 +1,5 @@
 """The app's logic without Qt: the API client, the conversation store, the report
-sentences and the local-server launcher. Tested with plain pytest."""
+sentences, the local-server launcher and the model listing. Tested with plain pytest."""
 
 from .api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
 from .errors import (
@@ -7,6 +7,8 @@ from .errors import (
     AppError,
     AuthError,
     ContextFull,
+    DownloadCancelled,
+    DownloadFailed,
     ModelMissing,
     ProtocolError,
     RateLimited,
@@ -17,6 +19,7 @@ from .errors import (
 )
 from .launcher import LocalServer, is_loopback, serve_command
 from .memory import MemorySnapshot, TierUsage, parse_stats
+from .models import LocalListing, LocalModels, ModelInfo, merge
 from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
 from .store import Conversation, ConversationStore, StoredMessage
 from .types import (
@@ -46,10 +49,15 @@ __all__ = [
     "ContextFull",
     "Conversation",
     "ConversationStore",
+    "DownloadCancelled",
+    "DownloadFailed",
     "Finished",
     "Health",
+    "LocalListing",
+    "LocalModels",
     "LocalServer",
     "MemorySnapshot",
+    "ModelInfo",
     "ModelMissing",
     "ProtocolError",
     "RateLimited",
@@ -67,6 +75,7 @@ __all__ = [
     "format_bytes",
     "format_status",
     "is_loopback",
+    "merge",
     "parse_stats",
     "serve_command",
 ]

@@ -21,6 +21,7 @@ import httpx
 
 from .errors import (
     ApiError,
+    ModelMissing,
     ProtocolError,
     ServerBusy,
     ServerUnavailable,
@@ -44,6 +45,8 @@ SESSION_HEADER = "X-Warmstart-Session"
 # A cold prefill of a long conversation takes seconds on a small machine (DESIGN.md:
 # 1,777 tokens in 11.9 s on 2 cores), so a reply's first byte may be slow to come.
 CHAT_TIMEOUT = httpx.Timeout(5.0, read=600.0)
+# Loading an 8B model from a cold disk can take minutes; the server answers when done.
+LOAD_TIMEOUT = httpx.Timeout(5.0, read=900.0)
 QUICK_TIMEOUT = httpx.Timeout(5.0)
 
 
@@ -216,6 +219,25 @@ class ApiClient:
         if not isinstance(items, list):
             raise ProtocolError("/models did not return a list")
         return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m]
+
+    def load_model(self, name: str) -> float | None:
+        """Makes ``name`` the server's loaded model (``POST /v1/warmstart/models/load``);
+        returns the load time in ms, or ``None`` when the server has no such route (an
+        older warmstart, a plain OpenAI server): naming the model in requests is then
+        all there is. Raises :class:`ModelMissing` when the server does not know it."""
+        url = f"{self.base_url}/warmstart/models/load"
+        try:
+            data = self._json("POST", url, json={"model": name}, timeout=LOAD_TIMEOUT)
+        except ModelMissing:
+            raise
+        except ApiError as exc:
+            if exc.status in (404, 405, 501):  # the route itself is missing
+                return None
+            raise
+        if not isinstance(data, dict) or data.get("loaded") is False:
+            raise ProtocolError(f"{url} did not confirm that {name!r} is loaded")
+        load_ms = data.get("load_ms")
+        return float(load_ms) if isinstance(load_ms, int | float) else 0.0
 
     def sessions(self) -> list[SessionSummary] | None:
         data = self._warmstart_json("GET", "sessions")

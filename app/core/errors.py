@@ -8,6 +8,8 @@
     │                           it is not that server: it gets neither messages nor key
     ├── ProtocolError           something answered, but not in the OpenAI shape
     ├── StoreError              the local conversation database cannot be used
+    ├── DownloadFailed          a model download could not finish (offline, checksum, space)
+    ├── DownloadCancelled       the user stopped a download; its partial file is kept
     └── ApiError                the server answered with an OpenAI-shaped error (4xx/5xx)
         ├── AuthError           401/403: the API key is missing or wrong
         ├── ModelMissing        404 on the model, or code ``model_not_found``
@@ -47,6 +49,14 @@ class ProtocolError(AppError):
 
 class StoreError(AppError):
     """The local database is unreadable, or was written by a newer app."""
+
+
+class DownloadFailed(AppError):
+    """A model download could not finish (offline, refused, wrong checksum, no space)."""
+
+
+class DownloadCancelled(AppError):
+    """The user stopped a download; its partial file stays, so the next one resumes."""
 
 
 class ApiError(AppError):

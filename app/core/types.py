@@ -114,6 +114,11 @@ class Backend(Protocol):
 
     def models(self) -> list[str]: ...
 
+    def load_model(self, name: str) -> float | None:
+        """Loads ``name`` on the server; its load time in ms, or ``None`` when the
+        server cannot be asked to (requests that name the model are all there is)."""
+        ...
+
     def chat(
         self,
         messages: list[dict[str, str]],

@@ -15,7 +15,7 @@ from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from ..core.api import ApiClient
-from ..core.errors import UntrustedServer
+from ..core.errors import AppError, UntrustedServer
 from ..core.launcher import (
     KEY_FILE,
     LocalServer,
@@ -25,6 +25,7 @@ from ..core.launcher import (
     port_of,
     serve_command,
 )
+from ..core.models import LocalModels
 from ..core.preferences import Preferences
 from ..core.private import private_dir_files, private_file
 from ..core.report import TIER_LABELS
@@ -36,6 +37,7 @@ from .controllers import (
     ConnectionController,
     LibraryController,
     MemoryController,
+    ModelController,
 )
 from .models import ConversationListModel, Roles
 from .views.main_window import MainWindow
@@ -79,7 +81,17 @@ class WarmstartApp:
             self.jobs, backend or self._make_backend(), launcher=self._launcher()
         )
         private_file(self._settings_path(), create=True)
-        self.chat = ChatController(self.store, self.connection, self.jobs, lambda: self.prefs)
+        self.models = ModelController(
+            self.connection,
+            self.jobs,
+            current=self.prefs.model,
+            local=self._local_models,
+            on_switched=self._remember_model,
+        )
+        self.chat = ChatController(
+            self.store, self.connection, self.jobs, lambda: self.prefs,
+            model=self.models.request_model,
+        )  # fmt: skip
         self.conversations = ConversationListModel()
         self.library = LibraryController(self.store, self.conversations, self.connection, self.jobs)
         self.memory = MemoryController(self.connection, self.jobs)
@@ -142,6 +154,22 @@ class WarmstartApp:
 
         return make
 
+    def _local_models(self) -> LocalModels | None:
+        """The models directory of the server the app starts; None for any other server
+        (its models live on its own machine)."""
+        if not self.manages_local_server:
+            return None
+        try:
+            return LocalModels.for_local_server(self.prefs.overrides)
+        except AppError as exc:
+            log.warning("no local models: %s", exc)
+            return None
+
+    def _remember_model(self, name: str) -> None:
+        """A switch worked: requests name it, and the local server starts with it."""
+        self.prefs = replace(self.prefs, model=name)
+        self.prefs.save(self.store, self.secrets)
+
     def _settings_path(self) -> Path:
         return self.options.data_dir / "window.ini"
 
@@ -175,7 +203,7 @@ class WarmstartApp:
         chat.reply_finished.connect(view.finish_reply)
         chat.busy_changed.connect(view.set_busy)
         chat.status.connect(w.status_label.setText)
-        chat.error.connect(view.show_error)
+        chat.error.connect(self._on_chat_error)
         chat.conversations_changed.connect(self.library.reload)
         chat.conversations_changed.connect(lambda: self._select(chat.current))
         chat.report_received.connect(self.memory.add_report)
@@ -198,6 +226,19 @@ class WarmstartApp:
         conn.state_changed.connect(lambda s: w.connection_label.setText(self._state_text(s)))
         conn.became_ready.connect(self._on_ready)
         conn.capabilities.connect(lambda ok: None if ok else w.memory.set_snapshot(None))
+        # models
+        picker, models = w.models, self.models
+        picker.use_requested.connect(models.use)
+        picker.download_requested.connect(models.download)
+        picker.cancel_requested.connect(models.cancel_download)
+        models.listed.connect(picker.set_models)
+        models.current_changed.connect(picker.set_current)
+        models.loading_changed.connect(self._on_model_loading)
+        models.download_progress.connect(picker.set_download)
+        models.error.connect(lambda text: view.show_error(text, "models"))
+        models.status.connect(w.status_label.setText)
+        picker.set_current(models.current)
+        picker.set_can_download(models.can_download)
         # actions
         w.new_button.clicked.connect(self.new_conversation)
         w.new_action.triggered.connect(self.new_conversation)
@@ -237,6 +278,7 @@ class WarmstartApp:
         private_file(self._settings_path())
         self.memory.stop()
         self.chat.stop()
+        self.models.shutdown()
         self.connection.shutdown()
         self.jobs.wait(5000)
         self.store.close()
@@ -257,6 +299,8 @@ class WarmstartApp:
         self.window.search.selectAll()
 
     def _send(self, text: str) -> None:
+        if self.models.loading:  # the reply would come from the model being replaced
+            return
         if self.chat.send(text):
             self.window.chat.composer.clear()
 
@@ -320,7 +364,6 @@ class WarmstartApp:
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.prefs, self.window)
         backend = self.connection.backend
-        self.jobs.submit(backend.models, dialog.set_models, lambda _e: None)
         self.jobs.submit(
             backend.server_settings,
             dialog.set_server_settings,
@@ -339,6 +382,7 @@ class WarmstartApp:
         prefs.save(self.store, self.secrets)
         if server_changed:
             self.connection.set_backend(self._make_backend(), self._launcher())
+            self.window.models.set_can_download(self.models.can_download)
 
     # -- feedback ----------------------------------------------------------------------
 
@@ -351,11 +395,19 @@ class WarmstartApp:
             "down": "● server down",
         }.get(state, state)
 
+    def _on_chat_error(self, text: str) -> None:
+        # A reply lost with the server is the connection's reason, gone when it is back;
+        # any other stays until the user dismisses it or sends again.
+        lost = bool(text) and self.connection.state == "down"
+        self.window.chat.show_error(text, "connection" if lost else "chat")
+
     def _on_connection_message(self, text: str) -> None:
+        # The connection clears only its own reason: a failed reply's or a model's
+        # stays until the user dismisses it (the 3-second health poll used to wipe it).
         if self.connection.state == "down":
-            self.window.chat.show_error(text)
+            self.window.chat.show_error(text, "connection")
         elif self.connection.state == "ready":
-            self.window.chat.show_error("")
+            self.window.chat.show_error("", "connection")
         else:
             self.window.chat.show_progress(text)
 
@@ -371,10 +423,19 @@ class WarmstartApp:
         self.window.connection_label.setText(
             f"● connected to {self.connection.backend.base_url}" + (f" · {model}" if model else "")
         )
-        self.window.chat.show_error("")
+        self.window.chat.show_error("", "connection")
         self.window.chat.show_progress("")
+        if self.models.loading:
+            self._on_model_loading(self.models.loading)
         prewarm = self.prefs.overrides.get("prewarm_sessions")
         self.library.prewarm_recent(int(prewarm) if prewarm and prewarm.isdigit() else 3)
+
+    def _on_model_loading(self, name: str) -> None:
+        self.window.models.set_loading(name)
+        self.window.chat.set_held(bool(name))
+        self.window.chat.show_progress(
+            f"Loading {name}; messages wait until it is ready…" if name else ""
+        )
 
     def _on_prewarm(self, done: int, total: int) -> None:
         if total == 0 or done >= total:

@@ -48,6 +48,8 @@ ln -sfn "$PWD/runtime" "$SITE/warmstart/runtime"
 ln -sfn "$PWD/app" "$SITE/warmstart/app"
 echo "gpu-check: installed in $((built - started)) s (llama-cpp-python build included)" >&2
 
-export WARMSTART_CONFIG="$OUT_DIR/no-config.toml"  # the machine's own config stays out
+# the machine's own config stays out: an empty one of ours (a named file must exist)
+export WARMSTART_CONFIG="$OUT_DIR/no-config.toml"
+: >"$WARMSTART_CONFIG"
 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT_DIR/gpu-check.json" --work "${GPU_CHECK_WORK:-/tmp/warmstart-gpu-check}" \
     --install-seconds "$((built - started))" "$@"

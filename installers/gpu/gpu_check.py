@@ -10,6 +10,9 @@ check.sh prepares that on a machine without network. Sections:
   memory (torch as the ruler) and each as a fraction of the link; ``None``
   without torch and a CUDA device;
 - ``model``: the synthetic GGUF (installers/gpu/synth_gguf.py) and how long it took;
+- ``loads``: the model loaded in a child each way, all layers offloaded or none, by
+  llama-cpp-python's own ``Llama`` and by warmstart's loader: exit status and the
+  end of stderr (llama.cpp's log on), so a crash is placed on one side or the other;
 - ``bench``: ``warmstart bench --json`` on it with every layer offloaded
   (cold, RAM-hit and disk-hit TTFT, restore GB/s, start to first token);
 - ``seconds``: each phase; ``errors``: any section that failed, by name (the
@@ -82,7 +85,8 @@ def model_section(path: Path, geometry: str) -> dict[str, Any]:
 
 
 def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "bench", "--json"]
+    # -X faulthandler: a crash in native code still names the Python line that called it
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "warmstart.runtime.cli", "bench", "--json"]
     cmd += ["--model", str(model), "--data-dir", str(data_dir), "--n-gpu-layers", "-1"]
     cmd += ["--prewarm-sessions", "0"]
     if args.quick:
@@ -92,8 +96,32 @@ def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict
         cmd += ["--system-tokens", str(args.system_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"warmstart bench failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        raise RuntimeError(f"warmstart bench failed ({proc.returncode}): {proc.stderr[-8000:]}")
     return dict(json.loads(proc.stdout))
+
+
+# each load in a child: a segfault ends the child, not the report
+_LOADERS = {
+    "llama_cpp": "import llama_cpp, sys; llama_cpp.Llama(sys.argv[1],"
+    " n_gpu_layers=int(sys.argv[2]), n_ctx=512, verbose=True)",
+    "warmstart": "import sys; from pathlib import Path; from warmstart.runtime.engine._llama import"
+    " LlamaModel; LlamaModel(Path(sys.argv[1]), int(sys.argv[2]))",
+}
+
+
+def loads_section(model: Path, timeout: float = 120.0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, code in _LOADERS.items():
+        for layers in (-1, 0):
+            cmd = [sys.executable, "-X", "faulthandler", "-c", code, str(model), str(layers)]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            out[f"{name}_gpu_layers_{layers}"] = {
+                "returncode": proc.returncode,
+                "seconds": round(time.perf_counter() - t0, 3),
+                "stderr_tail": proc.stderr[-4000:],
+            }
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,6 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     section("copies", lambda: copies_section(gpu))
     model = work / f"synthetic-{args.geometry}.gguf"
     section("model", lambda: model_section(model, args.geometry))
+    if args.loads and report["model"] is not None:
+        section("loads", lambda: loads_section(model))
     if args.bench and report["model"] is not None:
         section("bench", lambda: bench_section(model, work / "data", args))
     else:
@@ -136,6 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--geometry", choices=sorted(GEOMETRIES), default="llama-8b")
     p.add_argument("--no-bench", dest="bench", action="store_false")
     p.add_argument("--quick", action="store_true", help="bench's small workload")
+    p.add_argument("--no-loads", dest="loads", action="store_false", help="skip the load children")
     p.add_argument("--conversations", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=2000)
     p.add_argument("--bench-timeout", type=float, default=420.0)

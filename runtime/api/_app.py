@@ -7,10 +7,11 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ..service import Runtime
 from ..settings import Settings
-from . import _errors, _openai, _warmstart
+from . import _embeddings, _errors, _ollama, _openai, _warmstart
 from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
+from ._ollama_stream import OllamaErrorMiddleware
 from ._state import AppState, Opener, loaded_model
 
 DESCRIPTION = """An OpenAI-compatible API over a local model whose KV cache is kept in
@@ -25,10 +26,10 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     model switches to it: the app then owns whichever runtime is loaded
     (``app.state.warmstart.runtime``), and closes the one it replaces.
 
-    Middleware, outermost first: the Host and Origin guard (403 before anything
-    else, see _guard.py), CORS (only when ``settings.cors_origins``, so a preflight
-    needs no key), request counting, API key (only when ``settings.api_key``; before
-    the body is read), body size limit.
+    Middleware, outermost first: Ollama's error shape on /api/ routes, the Host and
+    Origin guard (403 before anything else, see _guard.py), CORS (only when
+    ``settings.cors_origins``, so a preflight needs no key), request counting, API key
+    (only when ``settings.api_key``; before the body is read), body size limit.
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
     path, name = loaded_model(settings, runtime) if opener else (None, runtime.model_id)
@@ -37,7 +38,10 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     app.state.warmstart = st
     _errors.install(app)
     app.include_router(_openai.build_router())
-    app.include_router(_warmstart.build_router())
+    app.include_router(_embeddings.build_router())
+    app.include_router(_ollama.build_router())  # the Ollama dialect, same runtime and guards
+    if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
+        app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(
@@ -55,4 +59,6 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
         )
     policy = HostPolicy(settings.host, settings.allowed_hosts)
     app.add_middleware(HostGuardMiddleware, policy=policy, cors_origins=settings.cors_origins)
+    # outermost: every error of an /api/ route, the guards' too, in Ollama's shape
+    app.add_middleware(OllamaErrorMiddleware)
     return app

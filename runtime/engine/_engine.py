@@ -310,7 +310,7 @@ class Engine:
         self.prefill(res, (token,), want_logits=True)
 
     def sampler(self, sampling: Sampling) -> Sampler:
-        return Sampler(sampling)
+        return Sampler(sampling, self.model)
 
     # chunk copies ---------------------------------------------------------------------
     def snapshot(self, seq: int) -> list[Any]:

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import llama_cpp.llama_cpp as ll
@@ -94,6 +95,16 @@ class LlamaModel:
         buf = ctypes.create_string_buffer(4096)
         n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def describe(self) -> str:
+        """llama.cpp's one-line description: architecture, size and type ("llama 135M Q4_1")."""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
+
+    @property
+    def n_params(self) -> int:
+        return int(ll.llama_model_n_params(self.ptr))
 
     def chat_template(self) -> str | None:
         raw = ll.llama_model_chat_template(self.ptr, None)
@@ -278,6 +289,74 @@ class LlamaContext:
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             return False
         return True
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaEmbedder:
+    """A small context of its own on a loaded model, for pooled sentence embeddings.
+
+    Separate from the chat context (which it shares the weights with), so that an
+    embedding request never touches a conversation's KV. One text at a time, in one
+    batch: pooling needs all of a sequence's tokens in the same micro-batch."""
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_threads: int = 0) -> None:
+        self.model = model
+        self.ptr = self._context(n_ctx, n_threads, ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        if int(ll.llama_pooling_type(self.ptr)) == ll.LLAMA_POOLING_TYPE_NONE:
+            # A chat model declares no pooling: average its token states, as
+            # llama-server --embeddings --pooling mean does.
+            ll.llama_free(self.ptr)
+            self.ptr = self._context(n_ctx, n_threads, ll.LLAMA_POOLING_TYPE_MEAN)
+        self.n_ctx = int(ll.llama_n_ctx(self.ptr))
+        self.mem = ll.llama_get_memory(self.ptr)
+        self._batch = ll.llama_batch_init(self.n_ctx, 0, 1)
+        # encoder-only models (T5-like) encode; the rest, BERT included, decode
+        self._encode = bool(
+            ll.llama_model_has_encoder(model.ptr) and not ll.llama_model_has_decoder(model.ptr)
+        )
+
+    def _context(self, n_ctx: int, n_threads: int, pooling: int) -> Any:
+        params = ll.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_seq_max = 1
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.n_threads = params.n_threads_batch = n_threads or os.cpu_count() or 1
+        params.no_perf = True
+        ptr = ll.llama_init_from_model(self.model.ptr, params)
+        if not ptr:
+            raise EngineError("llama.cpp could not create an embedding context (out of memory?)")
+        return ptr
+
+    def embed(self, tokens: list[int]) -> np.ndarray:
+        """The pooled embedding of ``tokens`` (at most n_ctx of them), L2-normalised."""
+        if not 0 < len(tokens) <= self.n_ctx:
+            raise EngineError(f"{len(tokens)} tokens do not fit the embedding context")
+        ll.llama_memory_clear(self.mem, True)
+        batch = self._batch
+        for i, tok in enumerate(tokens):
+            batch.token[i] = tok
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1
+        batch.n_tokens = len(tokens)
+        run = ll.llama_encode if self._encode else ll.llama_decode
+        ret = run(self.ptr, batch)
+        if ret != 0:
+            raise EngineError(f"embedding failed with code {ret}")
+        ptr = ll.llama_get_embeddings_seq(self.ptr, 0)
+        if not ptr:
+            raise EngineError("llama.cpp returned no pooled embedding")
+        n_embd = int(ll.llama_model_n_embd(self.model.ptr))
+        vector = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm > 0 else vector
 
     def close(self) -> None:
         if self.ptr:

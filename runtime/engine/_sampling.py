@@ -6,15 +6,19 @@ import random
 
 import llama_cpp.llama_cpp as ll
 
+from ..errors import RequestError
 from ..types import Sampling
-from ._llama import LlamaContext
+from ._llama import LlamaContext, LlamaModel
 
 
 class Sampler:
-    """Greedy when temperature is 0, else top-p then temperature then a seeded draw."""
+    """A grammar first when one is given; then greedy when temperature is 0, else top-p
+    then temperature then a seeded draw."""
 
-    def __init__(self, sampling: Sampling) -> None:
+    def __init__(self, sampling: Sampling, model: LlamaModel) -> None:
         self._chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if sampling.grammar is not None:
+            self._add_grammar(model, sampling.grammar)
         if sampling.temperature <= 0:
             ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_greedy())
             return
@@ -23,6 +27,13 @@ class Sampler:
             ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_top_p(sampling.top_p, 1))
         ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_temp(sampling.temperature))
         ll.llama_sampler_chain_add(self._chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def _add_grammar(self, model: LlamaModel, grammar: str) -> None:
+        sampler = ll.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        if not sampler:
+            self.close()
+            raise RequestError("the grammar for this reply could not be parsed")
+        ll.llama_sampler_chain_add(self._chain, sampler)
 
     def sample(self, ctx: LlamaContext) -> int:
         """Draws (and accepts) the next token from the last decoded logits."""

@@ -39,7 +39,14 @@ def _schema() -> Any:
 
 SCHEMA = _schema()
 OPERATIONS = {op.label: op for op in (r.ok() for r in SCHEMA.get_all_operations())}
-GENERATING = {"POST /v1/chat/completions", "POST /v1/completions"}
+GENERATING = {
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "POST /v1/embeddings",
+    "POST /api/chat",
+    "POST /api/generate",
+    "POST /api/embed",
+}
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,10 @@ class FakeBackend:
         self._check()
         return ["fake-model"]
 
+    def load_model(self, name: str) -> float | None:
+        self._check()
+        return None  # like a server without warmstart's load route
+
     def chat(
         self,
         messages: list[dict[str, str]],

@@ -177,6 +177,34 @@ def test_plain_openai_server_still_chats(qtbot, plain_server, app_data):
     close(app)
 
 
+@pytest.mark.slow
+def test_warmstart_without_its_own_routes_is_a_plain_server(qtbot, model_path, tmp_path, app_data):
+    """``warmstart serve --no-warmstart-routes`` answers as vLLM would (no /v1/warmstart):
+    the app chats, and its memory panel says the server does not report its cache."""
+    from tests.app.servers import REAL_SETTINGS, ServerProcess
+
+    def command(port: int) -> list[str]:
+        serve = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
+        where = ["--data-dir", str(tmp_path / "data"), "--model", str(model_path)]
+        return [*serve, *where, *REAL_SETTINGS, "--no-warmstart-routes"]
+
+    server = ServerProcess(command, tmp_path / "plain-warmstart.log")
+    try:
+        server.start(timeout=300)  # a fresh data dir: the machine is calibrated first
+        app = make_app(qtbot, app_data, server.url, max_tokens=8)
+        send(qtbot, app, "hi", REAL_WAIT)
+        assert app.store.messages(app.chat.current)[-1].content
+        assert app.connection.is_warmstart is False
+        panel = app.window.memory
+        qtbot.waitUntil(
+            lambda: panel.unsupported.isVisible() or not panel.isVisible(), timeout=WAIT
+        )
+        assert "does not report its cache" in panel.unsupported.text()
+        close(app)
+    finally:
+        server.stop()
+
+
 def test_memory_panel_fills_in(qtbot, fake_server, app_data):
     server = fake_server()
     app = make_app(qtbot, app_data, server.url)

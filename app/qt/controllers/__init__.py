@@ -4,11 +4,13 @@ from .chat import ChatController
 from .connection import ConnectionController
 from .library import LibraryController
 from .memory import MemoryController, ReplyPoint
+from .models import ModelController
 
 __all__ = [
     "ChatController",
     "ConnectionController",
     "LibraryController",
     "MemoryController",
+    "ModelController",
     "ReplyPoint",
 ]

@@ -42,12 +42,17 @@ class ChatController(QObject):
         jobs: Jobs,
         preferences: Callable[[], Preferences],
         parent: QObject | None = None,
+        *,
+        model: Callable[[], str | None] | None = None,
     ) -> None:
+        """``model``: the model requests name (the picker's, once the server has it);
+        by default the preferences' own."""
         super().__init__(parent)
         self._store = store
         self._connection = connection
         self._jobs = jobs
         self._prefs = preferences
+        self._model = model or (lambda: self._prefs().model or None)
         self.current: str | None = None
         self._runner: StreamRunner | None = None
         self._streaming_cid: str | None = None
@@ -160,7 +165,7 @@ class ChatController(QObject):
         if prefs.system_prompt:
             history.insert(0, {"role": "system", "content": prefs.system_prompt})
         stream = self._connection.backend.chat(
-            history, session_id=cid, model=prefs.model or None, sampling=prefs.sampling
+            history, session_id=cid, model=self._model(), sampling=prefs.sampling
         )
         runner = StreamRunner(stream, self._jobs.pool, self)
         runner.delta.connect(self._on_delta)
@@ -205,6 +210,8 @@ class ChatController(QObject):
         msg = self._store.append(cid, "assistant", text) if text else None
         if cid == self.current:
             self.reply_finished.emit(msg)
+        # The connection first: a lost server turns it "down" before the reason shows,
+        # so the window can tell that reason is the connection's (cleared on its return).
+        self._connection.report_error(exc)
         self.error.emit(describe(exc))
         self.status.emit("The reply failed.")
-        self._connection.report_error(exc)

@@ -129,17 +129,23 @@ class Composer(QPlainTextEdit):
 class Banner(QFrame):
     """A one-line message above the conversation: an error, or startup progress."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, dismissable: bool = False) -> None:
         super().__init__(parent)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 6)
         self.label = QLabel()
         self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.progress = QProgressBar()
         self.progress.setFixedWidth(160)
         self.progress.setTextVisible(False)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.progress)
+        self.dismiss_button = QToolButton()
+        self.dismiss_button.setObjectName("flat")
+        self.dismiss_button.setText("Dismiss")
+        self.dismiss_button.setVisible(dismissable)
+        layout.addWidget(self.dismiss_button)
         self.hide()
 
     def show_message(
@@ -170,6 +176,7 @@ class ChatView(QWidget):
         super().__init__(parent)
         self.scheme = scheme
         self.bubbles: list[MessageBubble] = []
+        self._held = False
         self._stream: MessageBubble | None = None
         self._render = QTimer(self)
         self._render.setSingleShot(True)
@@ -178,7 +185,12 @@ class ChatView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
-        self.error_banner = Banner()
+        # Errors by origin ("chat", "connection", "models"), newest last: each stays on
+        # screen until the user dismisses it or its own origin clears it (the connection
+        # clears its own on reconnecting, never a failed reply's or a model's reason).
+        self._errors: dict[str, str] = {}
+        self.error_banner = Banner(dismissable=True)
+        self.error_banner.dismiss_button.clicked.connect(self.dismiss_error)
         self.progress_banner = Banner()
         layout.addWidget(self.progress_banner)
         layout.addWidget(self.error_banner)
@@ -274,7 +286,7 @@ class ChatView(QWidget):
 
     def set_busy(self, busy: bool) -> None:
         self.stop_button.setVisible(busy)
-        self.send_button.setEnabled(not busy)
+        self.send_button.setEnabled(not busy and not self._held)
         self._update_actions(busy)
 
     def set_draft(self, text: str) -> None:
@@ -282,8 +294,27 @@ class ChatView(QWidget):
         self.composer.moveCursor(QTextCursor.MoveOperation.End)
         self.composer.setFocus()
 
-    def show_error(self, text: str) -> None:
-        self.error_banner.show_message(text, error=True)
+    def show_error(self, text: str, origin: str = "chat") -> None:
+        """Shows ``text`` as ``origin``'s error; ``""`` clears that origin's error only."""
+        self._errors.pop(origin, None)
+        if text:
+            self._errors[origin] = text
+        self._show_latest_error()
+
+    def dismiss_error(self) -> None:
+        """The user closed the error shown; an older one, if any, shows again."""
+        if self._errors:
+            self._errors.pop(next(reversed(self._errors)))
+        self._show_latest_error()
+
+    def _show_latest_error(self) -> None:
+        latest = next(reversed(self._errors.values()), "")
+        self.error_banner.show_message(latest, error=True)
+
+    def set_held(self, held: bool) -> None:
+        """While held (a model loads) nothing can be sent; the draft stays."""
+        self._held = held
+        self.send_button.setEnabled(not held and self.stop_button.isHidden())
 
     def show_progress(self, text: str, fraction: float | None = None) -> None:
         self.progress_banner.show_message(text, error=False, fraction=fraction, busy=True)

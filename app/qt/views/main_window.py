@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 
 from .chat_view import ChatView
 from .memory_panel import MemoryPanel
+from .model_picker import ModelPicker
 
 
 class MainWindow(QMainWindow):
@@ -55,6 +56,13 @@ class MainWindow(QMainWindow):
         self.memory_dock.setObjectName("memory_dock")
         self.memory_dock.setWidget(self.memory)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
+        self.models = ModelPicker()
+        self.models_dock = QDockWidget("Models", self)
+        self.models_dock.setObjectName("models_dock")
+        self.models_dock.setWidget(self.models)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.models_dock)
+        self.tabifyDockWidget(self.memory_dock, self.models_dock)
+        self.memory_dock.raise_()  # the memory panel stays what a new window shows
 
         self.status_label = QLabel("")
         self.connection_label = QLabel("")
@@ -79,6 +87,10 @@ class MainWindow(QMainWindow):
         self.memory_action.setText("&Memory panel")
         self.memory_action.setShortcut(QKeySequence("Ctrl+M"))
         self.addAction(self.memory_action)
+        self.models_action = self.models_dock.toggleViewAction()
+        self.models_action.setText("M&odels")
+        self.models_action.setShortcut(QKeySequence("Ctrl+Shift+M"))
+        self.addAction(self.models_action)
         self.stop_action = self._action("S&top the reply", "Esc")
         self.regenerate_action = self._action("&Regenerate the reply", "Ctrl+R")
         self.edit_action = self._action("&Edit the last message", "Ctrl+E")
@@ -98,4 +110,6 @@ class MainWindow(QMainWindow):
         chat_menu.addSeparator()
         for a in (self.rename_action, self.pin_action, self.delete_action):
             chat_menu.addAction(a)
-        bar.addMenu("&View").addAction(self.memory_action)
+        view_menu = bar.addMenu("&View")
+        view_menu.addAction(self.memory_action)
+        view_menu.addAction(self.models_action)

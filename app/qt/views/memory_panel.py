@@ -91,8 +91,8 @@ class MemoryPanel(QWidget):
         self.setMinimumWidth(300)
         layout = QVBoxLayout(self)
         self.unsupported = QLabel(
-            "Not a warmstart server: this server reports no cache tiers, so only token "
-            "counts are shown."
+            "This server does not report its cache (a plain OpenAI-compatible server, "
+            "such as vLLM), so only token counts are shown."
         )
         self.unsupported.setWordWrap(True)
         self.unsupported.setObjectName("muted")

@@ -7,18 +7,14 @@ from dataclasses import replace
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -72,18 +68,14 @@ class SettingsDialog(QDialog):
     def _model_tab(self, prefs: Preferences) -> QWidget:
         tab = QWidget()
         form = QFormLayout(tab)
-        row = QHBoxLayout()
-        self.model = QComboBox()
-        self.model.setEditable(True)
-        self.model.addItem(DEFAULT_MODEL_LABEL, "")
-        if prefs.model:
-            self.model.addItem(prefs.model, prefs.model)
-            self.model.setCurrentIndex(1)
-        browse = QPushButton("Local GGUF file…")
-        browse.clicked.connect(self._browse)
-        row.addWidget(self.model, 1)
-        row.addWidget(browse)
-        form.addRow("Model", row)
+        # Picking a model is the Models panel's: it asks the server to load it and says
+        # when that fails (a name typed here, or a GGUF path, made every send a 404).
+        self.model_note = QLabel(
+            f"{prefs.model or DEFAULT_MODEL_LABEL}. Switch or download models in the "
+            "Models panel (View → Models, Ctrl+Shift+M)."
+        )
+        self.model_note.setWordWrap(True)
+        form.addRow("Model", self.model_note)
         s = prefs.sampling
         self.temperature = self._double(0.0, 2.0, 0.05, s.temperature)
         self.top_p = self._double(0.0, 1.0, 0.01, s.top_p)
@@ -126,18 +118,7 @@ class SettingsDialog(QDialog):
         box.setValue(value)
         return box
 
-    def _browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF (*.gguf)")
-        if path:
-            self.model.addItem(path, path)
-            self.model.setCurrentIndex(self.model.count() - 1)
-
     # -- fed by the caller -------------------------------------------------------------
-
-    def set_models(self, models: list[str]) -> None:
-        for name in models:
-            if self.model.findData(name) < 0:
-                self.model.addItem(name, name)
 
     def set_server_settings(self, settings: dict[str, ServerSetting] | None) -> None:
         if settings is None:
@@ -160,11 +141,6 @@ class SettingsDialog(QDialog):
         self.table.resizeColumnsToContents()
 
     def preferences(self) -> Preferences:
-        model = self.model.currentData()
-        if model is None or self.model.currentText() != self.model.itemText(
-            self.model.currentIndex()
-        ):
-            model = self.model.currentText().strip()
         overrides = dict(self._prefs.overrides)
         for row in range(self.table.rowCount()):
             name_item, value_item = self.table.item(row, 0), self.table.item(row, 3)
@@ -181,7 +157,6 @@ class SettingsDialog(QDialog):
             base_url=self.base_url.text().strip() or self._prefs.base_url,
             api_key=self.api_key.text().strip(),
             autostart=self.autostart.isChecked(),
-            model="" if model == DEFAULT_MODEL_LABEL else str(model or ""),
             sampling=Sampling(
                 temperature=self.temperature.value(),
                 top_p=self.top_p.value(),

@@ -1,0 +1,197 @@
+"""Request bodies of the Ollama dialect (/api/*), and their translation to Request.
+
+Ollama's clients send some fields on every request with an empty value (the
+official Python client sends ``tools: []``, ``suffix: ""``, ``system: ""``,
+``raw: false``); those are accepted empty. A field or option warmstart does not
+implement is refused with a 400 ``unsupported_parameter`` naming it, never
+ignored: a client that asked for JSON output or images and got prose would not
+know.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..types import Message, Request, Sampling
+from ._errors import APIError
+from ._schemas import SESSION_ID, Text
+
+# Ollama's own defaults when a request gives no option (its documented Modelfile values).
+OLLAMA_TEMPERATURE = 0.8
+OLLAMA_TOP_P = 0.9
+
+
+def unsupported(param: str, why: str = "") -> APIError:
+    reason = f": {why}" if why else ""
+    return APIError(
+        400,
+        f"{param} is not supported by warmstart{reason}",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+class _Body(BaseModel):
+    # "allow" so that unknown fields can be named in the refusal (see refuse_extras)
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    def refuse_extras(self, prefix: str = "") -> None:
+        for name, value in (self.model_extra or {}).items():
+            if value is not None:  # null asks for nothing
+                raise unsupported(prefix + name)
+
+
+class Options(_Body):
+    """The options warmstart honours; any other is refused by name."""
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    num_predict: int | None = Field(
+        None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: as many as fit"
+    )
+    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        self.refuse_extras("options.")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return Sampling(
+            temperature=OLLAMA_TEMPERATURE if self.temperature is None else self.temperature,
+            top_p=OLLAMA_TOP_P if self.top_p is None else self.top_p,
+            # llama.cpp seeds are 32-bit; any integer a client sends maps onto one.
+            seed=None if self.seed is None else self.seed % 2**32,
+            max_tokens=max_tokens,
+            stop=tuple(s for s in stops if s),
+        )
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: Text = ""
+    images: list[Any] | None = Field(None, description="refused unless empty")
+    tool_calls: list[Any] | None = Field(None, description="refused unless empty")
+    thinking: Text | None = Field(None, description="refused unless empty")
+
+    def to_message(self, index: int) -> Message:
+        self.refuse_extras(f"messages.{index}.")
+        for name in ("images", "tool_calls", "thinking"):
+            if getattr(self, name):
+                raise unsupported(f"messages.{index}.{name}")
+        return Message(role=self.role, content=self.content)
+
+
+class _Generating(_Body):
+    """Fields /api/chat and /api/generate share."""
+
+    model: Text = Field("", description="the loaded model's name (see /api/tags) or 'default'")
+    stream: bool = Field(True, description="NDJSON lines as tokens come (Ollama's default)")
+    options: Options | None = None
+    format: Text | dict[str, Any] | None = Field(None, description="refused unless empty")
+    keep_alive: Text | float | None = Field(
+        None, description="the model always stays loaded; 0 (unload now) is refused"
+    )
+    think: bool | Text | None = Field(None, description="refused unless false")
+    logprobs: bool | None = Field(None, description="refused unless false")
+    top_logprobs: int | None = Field(None, description="refused unless 0")
+    user: SESSION_ID | None = Field(None, description="session hint (X-Warmstart-Session wins)")
+
+    def check_common(self) -> None:
+        """Refuses what no route here implements (after the route's own fields)."""
+        self.refuse_extras()
+        if self.format:
+            raise unsupported("format", "structured output is not available on /api yet")
+        if self.think:
+            raise unsupported("think", "the model runs without a thinking mode")
+        if self.logprobs or self.top_logprobs:
+            raise unsupported("logprobs" if self.logprobs else "top_logprobs")
+        if str(self.keep_alive).strip() in ("0", "0.0", "0s", "0m", "0h"):
+            raise unsupported("keep_alive", "warmstart keeps its one model loaded")
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        return (self.options or Options.model_validate({})).sampling(max_tokens)
+
+    @property
+    def num_predict(self) -> int | None:
+        return self.options.num_predict if self.options else None
+
+
+class OllamaChatRequest(_Generating):
+    messages: list[OllamaMessage] = Field(
+        default_factory=list, description="the conversation; empty: only 'load' the model"
+    )
+    tools: list[Any] | None = Field(None, description="refused unless empty")
+
+    def text_chars(self) -> int:
+        return sum(len(m.content) for m in self.messages)
+
+    def to_request(self, session_id: str | None, max_tokens: int) -> Request:
+        if self.tools:
+            raise unsupported("tools", "tool calling is not available on /api yet")
+        self.check_common()
+        messages = tuple(m.to_message(i) for i, m in enumerate(self.messages))
+        return Request(
+            messages=messages,
+            sampling=self.sampling(max_tokens),
+            session_id=session_id or self.user,
+        )
+
+
+class OllamaGenerateRequest(_Generating):
+    prompt: Text = Field("", description="empty: only 'load' the model")
+    system: Text = Field("", description="a system prompt (not with raw)")
+    raw: bool = Field(False, description="true: the prompt as is, without the chat template")
+    suffix: Text = Field("", description="refused unless empty (no fill-in-the-middle)")
+    template: Text = Field("", description="refused unless empty")
+    context: list[int] | None = Field(None, description="refused unless empty")
+    images: list[Any] | None = Field(None, description="refused unless empty")
+
+    def text_chars(self) -> int:
+        return len(self.prompt) + len(self.system)
+
+    def to_request(self, session_id: str | None, max_tokens: int) -> Request:
+        for name in ("suffix", "template", "context", "images"):
+            if getattr(self, name):
+                raise unsupported(name)
+        if self.raw and self.system:
+            raise unsupported("system", "a raw prompt has no chat template to put it in")
+        self.check_common()
+        sampling = self.sampling(max_tokens)
+        session = session_id or self.user
+        if self.raw:
+            return Request(prompt=self.prompt, sampling=sampling, session_id=session)
+        turns = [Message("system", self.system)] if self.system else []
+        turns.append(Message("user", self.prompt))
+        return Request(messages=tuple(turns), sampling=sampling, session_id=session)
+
+
+class OllamaShowRequest(_Body):
+    model: Text = Field("", description="the model's name")
+    name: Text = Field("", description="older clients' name for 'model'")
+    verbose: bool = False
+
+    @property
+    def wanted(self) -> str:
+        return self.model or self.name
+
+
+class OllamaEmbedRequest(_Body):
+    model: Text = ""
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=2048)] = Field(
+        ..., description="a text or a list of texts"
+    )
+    truncate: bool | None = Field(None, description="refused when true: too long is a 400")
+    options: dict[str, Any] | None = Field(None, description="refused unless empty")
+    keep_alive: Text | float | None = None
+    dimensions: int | None = Field(None, description="refused (the model's own size only)")
+
+    def texts(self) -> list[str]:
+        self.refuse_extras()
+        if self.truncate:
+            raise unsupported("truncate", "an input longer than the context is refused")
+        if self.options:
+            raise unsupported("options." + next(iter(self.options)))
+        if self.dimensions is not None:
+            raise unsupported("dimensions")
+        return [self.input] if isinstance(self.input, str) else list(self.input)

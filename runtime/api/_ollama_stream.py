@@ -1,0 +1,175 @@
+"""The Ollama dialect's wire details: reply bodies, NDJSON streaming, the error shape.
+
+Ollama streams one JSON object per line (``application/x-ndjson``): a line per
+token, then a last line with ``done: true``, the timings (nanoseconds) and here
+warmstart's cache report (``cached_tokens``, ``x_warmstart``). Its errors are
+``{"error": "message"}``, a string where OpenAI has an object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import socket
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..types import Done, Report, Stream, Token
+from ._sse import SSEResponse, events
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/api/"
+_NS_PER_MS = 1_000_000
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def timings(report: Report) -> dict[str, Any]:
+    """Ollama's counts and durations, and warmstart's cache report beside them."""
+    prompt_ms = report.restore_ms + report.prefill_ms
+    return {
+        "total_duration": int(report.total_ms * _NS_PER_MS),
+        "load_duration": 0,  # the model stays loaded; restoring KV counts as prompt eval
+        "prompt_eval_count": report.prompt_tokens,
+        "prompt_eval_duration": int(prompt_ms * _NS_PER_MS),
+        "eval_count": report.completion_tokens,
+        "eval_duration": int(max(0.0, report.total_ms - report.ttft_ms) * _NS_PER_MS),
+        "cached_tokens": report.cached_tokens,
+        "x_warmstart": report.as_dict(),
+    }
+
+
+def done_reason(report: Report) -> str:
+    return "length" if report.finish_reason == "length" else "stop"
+
+
+@dataclass
+class OllamaShape:
+    """Builds the bodies of one reply; ``kind`` chooses /api/chat or /api/generate."""
+
+    kind: Literal["chat", "generate"]
+    model: str
+
+    def part(self, text: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "created_at": now()}
+        if self.kind == "chat":
+            body["message"] = {"role": "assistant", "content": text}
+        else:
+            body["response"] = text
+        body["done"] = False
+        return body
+
+    def final(self, text: str, report: Report) -> dict[str, Any]:
+        """The last line of a stream (``text`` empty) or the whole reply."""
+        body = self.part(text)
+        body.update(done=True, done_reason=done_reason(report), **timings(report))
+        return body
+
+    def loaded(self) -> dict[str, Any]:
+        """Ollama's answer to an empty prompt: the model is loaded, nothing generated."""
+        body = self.part("")
+        body.update(done=True, done_reason="load")
+        return body
+
+
+def _line(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":")) + "\n"
+
+
+async def ndjson_lines(
+    stream: Stream,
+    shape: OllamaShape,
+    limiter: anyio.CapacityLimiter,
+    on_done: Callable[[Report], None],
+) -> AsyncGenerator[str, None]:
+    try:
+        async for event in events(stream, limiter):
+            if isinstance(event, Token):
+                yield _line(shape.part(event.text))
+            elif isinstance(event, Done):
+                on_done(event.report)
+                yield _line(shape.final("", event.report))
+    except Exception as exc:  # the status line is sent: Ollama's clients read an error line
+        log.error("generation failed mid-stream: %s", exc, exc_info=exc)
+        yield _line({"error": str(exc)})
+
+
+class NDJSONResponse(SSEResponse):
+    """SSEResponse's handling of clients that leave (disconnect, stop reading) and of
+    cancelling the generation, around NDJSON lines instead of SSE events."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(
+        self,
+        stream: Stream,
+        shape: OllamaShape,
+        limiter: anyio.CapacityLimiter,
+        *,
+        on_done: Callable[[Report], None],
+        send_timeout: float = 5.0,
+        sock: socket.socket | None = None,
+    ) -> None:
+        # SSEResponse's own __init__ builds SSE chunks: set what its __call__ uses instead.
+        self._stream = stream
+        self._done = False
+        self._send_timeout = send_timeout
+        self._sock = sock
+
+        def finished(report: Report) -> None:
+            self._done = True
+            on_done(report)
+
+        self._chunks = ndjson_lines(stream, shape, limiter, finished)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        StreamingResponse.__init__(self, self._chunks, headers=headers)
+
+
+class OllamaErrorMiddleware:
+    """Rewrites the OpenAI-shaped error bodies of /api/ routes (from the handlers and
+    from the auth, Host and size middleware alike) into Ollama's ``{"error": "..."}``,
+    which its clients show as the message. Successful replies pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        held: list[bytes] = []
+
+        async def reshaped(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            held.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await _send_reshaped(send, start, b"".join(held))
+
+        await self.app(scope, receive, reshaped)
+
+
+async def _send_reshaped(send: Send, start: Message, raw: bytes) -> None:
+    try:
+        error = json.loads(raw)["error"]
+        body = json.dumps({"error": error["message"]}).encode() if isinstance(error, dict) else raw
+    except (ValueError, KeyError, TypeError):  # not ours: pass it on as it was
+        body = raw
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({**start, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
