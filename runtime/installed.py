@@ -38,6 +38,7 @@ class InstalledModel:
     quantization: str | None = None  # the file type, e.g. "Q4_K_M"
     context_length: int | None = None  # n_ctx_train
     license: str | None = None
+    chat_template: str | None = None  # tokenizer.chat_template, when the file has one
     problem: str | None = None  # why the header could not be read
 
 
@@ -94,6 +95,7 @@ def describe(name: str, path: Path, cache: MetadataCache | None = None) -> Insta
     meta = header.metadata
     ctx = header.arch_value("context_length")
     title, org, lic = (meta.get(f"general.{k}") for k in ("name", "organization", "license"))
+    template = meta.get("tokenizer.chat_template")
     return InstalledModel(
         name=name,
         path=path,
@@ -106,6 +108,7 @@ def describe(name: str, path: Path, cache: MetadataCache | None = None) -> Insta
         quantization=header.file_type,
         context_length=ctx if isinstance(ctx, int) else None,
         license=lic if isinstance(lic, str) else None,
+        chat_template=template if isinstance(template, str) else None,
     )
 
 

@@ -242,13 +242,22 @@ class DigestCache:
     def __init__(self, file: Path) -> None:
         self.file = file
 
-    def digest(self, path: Path) -> str:
+    def _key_and_known(self, path: Path) -> tuple[str, dict[str, str]]:
         st = path.stat()
         key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
         try:
             known = json.loads(self.file.read_text())
         except (OSError, ValueError):
             known = {}
+        return key, known
+
+    def known(self, path: Path) -> str | None:
+        """The digest when it was computed before, else None (never hashes: listings)."""
+        key, known = self._key_and_known(path)
+        return str(known[key]) if key in known else None
+
+    def digest(self, path: Path) -> str:
+        key, known = self._key_and_known(path)
         if key in known:
             return str(known[key])
         digest = file_sha256(path)

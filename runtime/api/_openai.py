@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -11,11 +10,12 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import ContextOverflow
-from ..installed import OWNER, describe
+from ..installed import OWNER
 from ..service import Runtime
 from ..types import Request as RuntimeRequest
 from ..types import Stream
 from ._errors import APIError, from_runtime
+from ._listing import ServedModel, served_models
 from ._replies import Shape
 from ._schemas import (
     DEFAULT_MAX_TOKENS,
@@ -36,23 +36,21 @@ SessionHeader = Annotated[
 ]
 
 
-def _card(st: AppState, name: str, path: Path | None) -> dict[str, Any]:
+def _card(st: AppState, model: ServedModel) -> dict[str, Any]:
     """A model's card: OpenAI's fields, then what its GGUF header says (null where it
     is silent), the context warmstart serves it with (once loaded here) and whether
     it is loaded now."""
-    loaded = name == st.model_name
-    info = describe(name, path, st.metadata) if path is not None else None
-    n_ctx = st.runtime.n_ctx if loaded else st.served_ctx.get(path.resolve()) if path else None
+    info = model.info
     train = info.context_length if info else None
     return {
-        "id": name,
+        "id": model.name,
         "object": "model",
         "created": int(info.modified) if info else st.started,
         "owned_by": info.owned_by if info else OWNER,
-        "loaded": loaded,
-        "aliases": sorted(MODEL_ALIASES) if loaded else [],
-        "context_length": n_ctx or train,  # what a conversation gets (trained length until loaded)
-        "n_ctx": n_ctx,
+        "loaded": model.loaded,
+        "aliases": sorted(MODEL_ALIASES) if model.loaded else [],
+        "context_length": model.n_ctx or train,  # what a chat gets (trained length until loaded)
+        "n_ctx": model.n_ctx,
         "n_ctx_train": train,
         "parameters": info.parameters if info else None,
         "quantization": info.quantization if info else None,
@@ -62,10 +60,8 @@ def _card(st: AppState, name: str, path: Path | None) -> dict[str, Any]:
 
 
 def _cards(st: AppState) -> list[dict[str, Any]]:
-    """The loaded model first, then every other installed one by name (no loading)."""
-    others = {n: p for n, p in st.installed().items() if p.resolve() != st.model_path}
-    loaded = _card(st, st.model_name, st.model_path)
-    return [loaded, *(_card(st, n, p) for n, p in others.items() if n != st.model_name)]
+    """The loaded model first, then every other installed one (no loading)."""
+    return [_card(st, model) for model in served_models(st)]
 
 
 async def _max_tokens(

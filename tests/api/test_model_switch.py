@@ -199,3 +199,19 @@ def test_without_an_opener_only_the_loaded_model_is_served(
             assert reply.status_code == 404
     finally:
         runtime.close()
+
+
+def test_the_ollama_dialect_lists_and_switches_the_same_models(setup: Setup) -> None:
+    tags = httpx.get(setup.url + "/api/tags").json()["models"]
+    assert [t["name"] for t in tags] == ["alpha:latest", "beta:latest"]
+    assert tags[1]["details"]["family"] == "gemma3" and tags[1]["details"]["parameter_size"]
+    shown = httpx.post(setup.url + "/api/show", json={"model": "beta"}).json()
+    assert shown["model_info"]["gemma3.context_length"] == 32768  # read without loading it
+    assert setup.log == []
+    body = {"model": "beta:latest", "messages": ASK, "stream": False}
+    reply = httpx.post(setup.url + "/api/chat", json=body, timeout=30).json()
+    assert reply["model"] == "beta:latest" and reply["message"]["content"]
+    assert setup.log == ["close alpha", "open beta"]
+    assert [m["name"] for m in httpx.get(setup.url + "/api/ps").json()["models"]] == ["beta:latest"]
+    missing = httpx.post(setup.url + "/api/chat", json={**body, "model": "gamma"}, timeout=30)
+    assert missing.status_code == 404
