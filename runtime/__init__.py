@@ -22,7 +22,19 @@ from .errors import (
 )
 from .service import Runtime
 from .settings import Settings, load_settings
-from .types import Done, Message, Report, Request, Sampling, SessionInfo, Stream, Token
+from .types import (
+    Done,
+    Message,
+    Report,
+    Request,
+    Sampling,
+    SessionInfo,
+    Stream,
+    Token,
+    TokenLogprob,
+    Tool,
+    ToolCall,
+)
 
 __all__ = [
     "Busy",
@@ -46,6 +58,9 @@ __all__ = [
     "Settings",
     "Stream",
     "Token",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
     "WarmstartError",
     "load_settings",
     "open_runtime",

@@ -46,6 +46,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "prewarm_sessions",
         "recalibrate",
         "disk_retry_s",
+        "memory_floor_bytes",
+        "memory_check_s",
     ),
     # what a client of a running server needs (cache and sessions ask it first)
     "client": ("host", "port", "api_key", "api_key_file", "tls_cert"),

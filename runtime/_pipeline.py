@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .engine._engine import Engine, Resident
+from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
 from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
 from .streams import QueueStream
-from .types import Message, Report, Request
+from .types import Message, Report, Request, TokenLogprob
 
 if TYPE_CHECKING:
     from .sessions import SessionBook
@@ -73,6 +74,9 @@ class Job:
         self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
+        # a request with tools: the reply read back as text and tool calls
+        self.tools = env.engine.tool_plan(request) if request.messages else None
+        self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
         self.history = history
         self.t0 = time.perf_counter()
@@ -101,8 +105,7 @@ class Job:
             t1 = time.perf_counter()
             for ends in self._decodes(have, self.cuts):
                 if self.stream.cancelled:  # the client went away: stop paying for its prompt
-                    self.report.finish_reason = "cancelled"
-                    self.stream.finish(self.report)
+                    yield from self._cancelled_in_prefill(res, have)
                     return
                 last = ends[-1] == len(self.ids)
                 engine.prefill(res, self.ids[have : ends[-1]], want_logits=last, ends=ends)
@@ -124,7 +127,7 @@ class Job:
             # the conversation is listed before its client hears Done; its chunks'
             # key follows once they are captured
             self._save_session(None, len(res.tokens))
-            self.stream.finish(self.report)
+            self.stream.finish(self.report, self.reply_message)
             self.background = True
             yield
             if self.env.store is not None and self.promotions:
@@ -141,6 +144,20 @@ class Job:
                 # window model's early chunks can only be cut while they are prefilled)
                 engine.evict(res, counted=False)
             engine.release(res)
+
+    def _cancelled_in_prefill(self, res: Resident, have: int) -> Iterator[None]:
+        """Cut short before the first token (Ctrl-C, a client that left): the turn is kept
+        as interrupted with nothing shown, as a reply cut later keeps what was shown, and
+        the batches already prefilled are stored, so asking again does not redo them."""
+        self.report.finish_reason = "cancelled"
+        self.reply = ""
+        self._save_session(None, len(res.tokens))
+        self.stream.finish(self.report)
+        self.background = True
+        yield
+        leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
+        if leaf is not None:
+            self._save_session(leaf, len(res.tokens))
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
@@ -236,7 +253,7 @@ class Job:
         budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
         n = 0
         finish = "length"
-        token = sampler.sample(engine.ctx)
+        token, logprob = self._sample(sampler)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         while True:
             if self.stream.cancelled:
@@ -246,20 +263,36 @@ class Job:
                 finish = "stop"
                 break
             n += 1
-            self.stream.put_token(text.feed(engine.model.piece(token)))
+            self.stream.put_token(text.feed(engine.model.piece(token)), logprob)
             if text.stopped:
                 finish = "stop"
                 break
             if n >= budget:
                 break
             engine.step(res, token)
-            token = sampler.sample(engine.ctx)
+            token, logprob = self._sample(sampler)
             yield
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
         # cut short, the turn keeps what its reader took (was shown), not what was decoded
         self.reply = self.stream.delivered if finish == "cancelled" else text.text
+        if self.tools is not None and self.tools.active and finish != "cancelled":
+            self.reply_message = self.tools.parse(self.reply)
+
+    def _sample(self, sampler: Sampler) -> tuple[int, tuple[TokenLogprob, ...]]:
+        """The next token, and its log-probability when the request asks for them
+        (from the logits the sampler drew from: it leaves them unchanged)."""
+        engine, top = self.env.engine, self.request.sampling.logprobs
+        token = sampler.sample(engine.ctx)
+        if top is None:
+            return token, ()
+        model = engine.model
+
+        def piece(t: int) -> bytes:  # special tokens (end of turn) by their name
+            return model.piece(t) or model.token_text(t).encode()
+
+        return token, (token_logprob(engine.ctx.logits(), token, top, piece),)
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:
@@ -316,7 +349,9 @@ class Job:
         if book is None or sid is None:
             return
         messages = self.history if self.history is not None else self.request.messages
-        if self.reply is not None:
+        if self.reply_message is not None:
+            messages = (*messages, self.reply_message)
+        elif self.reply is not None:
             cut = self.report.finish_reason == "cancelled"
             messages = (*messages, Message("assistant", self.reply, interrupted=cut))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None

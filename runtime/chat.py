@@ -9,7 +9,10 @@ from typing import Any
 from .sessions import new_session_id
 from .types import Event, Message, Request, Sampling, Token
 
-HELP = "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves"
+HELP = (
+    "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves; "
+    'a pasted block is one message, and so are the lines between two """'
+)
 
 
 class ChatLoop:

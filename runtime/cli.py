@@ -95,14 +95,19 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from ._lines import TurnReader, waiting_on
     from .chat import ChatLoop
 
     settings = settings_from(args)
+    read = TurnReader()  # a line is a turn; a """ block is one too
     if sys.stdin.isatty():
         # input() gains line editing and this session's history (kept in memory only:
         # the conversation text stays in sessions.db, where `history` governs it)
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401
+        # readline reads the terminal a byte at a time: the rest of a pasted block is
+        # still waiting on stdin when the first line comes back, and joins its turn
+        read = TurnReader(more=waiting_on(sys.stdin.fileno()))
     with _open_runtime(settings) as rt:
         return ChatLoop(
             rt,
@@ -111,6 +116,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             args.max_tokens,
             args.temperature,
             print_reply=_print_reply,
+            read=read,
             seed=args.seed,
         ).run()
 

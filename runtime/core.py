@@ -25,11 +25,13 @@ from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
+from .engine._sampling import check_grammar, check_logit_bias
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, ContextOverflow, DiskUnavailable, EngineError, RequestError
 from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
+from .kvstore._pressure import MemoryWatcher
 from .kvstore._store import TieredStore
 from .models import DigestCache, ModelManager
 from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
@@ -145,6 +147,21 @@ class LocalRuntime:
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
+        self.watcher = self._watch_memory()
+
+    def _watch_memory(self) -> MemoryWatcher | None:
+        """Starts the thread that shrinks the RAM pool when the system runs short
+        (close() stops it before the store closes)."""
+        store, floor = self.store, self.tuning.memory_floor_bytes
+        if store is None or store.pool is None or not store.pool.n_slots or floor <= 0:
+            return None
+        if not store.pool.returnable:  # said once; the policy sized it with this in mind
+            log.info("the RAM pool is %s: it cannot give memory back", store.pool.memory_kind)
+            return None
+        watcher = MemoryWatcher(store, floor, self.settings.memory_check_s)
+        self.add_background(watcher.thread, watcher.stop)
+        watcher.start()
+        return watcher
 
     def _open_store(self) -> TieredStore | None:
         s, t = self.settings, self.tuning
@@ -185,6 +202,10 @@ class LocalRuntime:
             raise RequestError("temperature must be between 0 and 2", param="temperature")
         if not 0.0 < s.top_p <= 1.0:
             raise RequestError("top_p must be in (0, 1]", param="top_p")
+        check_logit_bias(self.engine.model, s)
+        if s.grammar is not None:
+            # only the vocabulary is read (fixed once loaded): safe off the worker thread
+            check_grammar(self.engine.model, s.grammar)
 
     def _check_room(self) -> None:
         """Busy before any work: tokenizing a large prompt must not precede the 429."""
@@ -213,6 +234,7 @@ class LocalRuntime:
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
         self._validate(request)
         self._check_room()
+        request = self._with_tool_grammar(request)
         # named by the whole conversation, before any trimming
         session_id = request.session_id or (
             derived_session_id(request.messages) if request.messages else None
@@ -237,6 +259,16 @@ class LocalRuntime:
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
+
+    def _with_tool_grammar(self, request: Request) -> Request:
+        """A request whose tools force the reply's shape gets their grammar."""
+        plan = self.engine.tool_plan(request)
+        grammar = plan.grammar() if plan else None
+        if grammar is None:
+            return request
+        if request.sampling.grammar is not None:
+            raise RequestError("a reply format cannot be combined with tools", param="tools")
+        return replace(request, sampling=replace(request.sampling, grammar=grammar))
 
     def _fit(
         self, request: Request, ids: list[int], anchor: int
@@ -429,8 +461,18 @@ class LocalRuntime:
                 tokens=ram["tokens"],
                 bytes=ram["used_bytes"],
                 capacity_bytes=ram["capacity_bytes"],
+                limit_bytes=ram["limit_bytes"],
+                resident_bytes=ram["resident_bytes"],
                 memory=ram["memory"],
             )
+            out["memory"] = {
+                "floor_bytes": self.tuning.memory_floor_bytes,
+                "available_bytes": self.watcher.available if self.watcher else None,
+                "watching": self.watcher is not None,
+                "under_pressure": bool(self.watcher and self.watcher.under_pressure),
+                "pressure_events": store["pressure_events"],
+                "returned_bytes": store["returned_bytes"],
+            }
             tiers["disk"].update(
                 tokens=disk["tokens"],
                 bytes=disk["used_bytes"],

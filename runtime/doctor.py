@@ -14,7 +14,7 @@ from .engine._smoke import ExtraBuffers
 from .hardware import Calibration, HardwareProfile
 from .policy import Tuning
 
-_BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes"})
+_BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes", "memory_floor_bytes"})
 
 
 def doctor_report(

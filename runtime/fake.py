@@ -4,6 +4,10 @@
 the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
 - Tokens are whitespace-led words of a fixed chat rendering of the messages.
+- With ``Sampling.logprobs``, each reply word carries a pretend log-probability
+  (the most likely of its alternatives, as a greedy draw's would be). A grammar
+  cannot be followed without a model: it makes the reply the JSON object
+  ``{"text": ...}`` (valid for JSON mode, not for an arbitrary schema).
 - A greedy reply (``temperature == 0``) is a fixed function of the last user
   message (or of the raw prompt); ``temperature > 0`` with a seed varies
   reproducibly, without a seed it varies freely.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
 import random
@@ -32,9 +37,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine._tools import check_choice, new_call_id
 from .errors import Busy, ContextOverflow, RequestError
 from .streams import QueueStream
-from .types import TIERS, Embeddings, Message, Report, Request, SessionInfo, Stream
+from .types import (
+    TIERS,
+    Embeddings,
+    Message,
+    Report,
+    Request,
+    SessionInfo,
+    Stream,
+    TokenLogprob,
+    ToolCall,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +89,22 @@ def reply_text(request: Request) -> str:
         material += f"|{sampling.temperature}|{sampling.top_p}|{salt}".encode()
     rng = random.Random(hashlib.sha256(material).digest())
     words = [rng.choice(_WORDS) for _ in range(6 + rng.randrange(12))]
-    return " " + " ".join(words).capitalize() + "."
+    text = " " + " ".join(words).capitalize() + "."
+    return json.dumps({"text": text.strip()}) if sampling.grammar is not None else text
+
+
+def logprob_of(word: str, top: int) -> TokenLogprob:
+    """A pretend log-probability of a reply word: fixed per word, the word first among
+    ``top`` alternatives drawn from the vocabulary."""
+    digest = hashlib.sha256(word.encode()).digest()
+    logprob = -digest[0] / 64.0
+    others = [w for w in _WORDS if w != word.strip()][:top]
+    alternatives = [
+        TokenLogprob(f" {w}", f" {w}".encode(), logprob - 1.0 - i) for i, w in enumerate(others)
+    ]
+    best = TokenLogprob(word, word.encode(), logprob)
+    top_list = (best, *alternatives)[:top] if top else ()
+    return TokenLogprob(word, word.encode(), logprob, top_list)
 
 
 def _cut(text: str, sampling: Any) -> tuple[list[str], str]:
@@ -296,8 +327,9 @@ class FakeRuntime:
             raise RequestError("messages must not be empty", "messages")
         if request.prompt is not None and request.messages:
             raise RequestError("give either messages or prompt, not both", "prompt")
-        if any(m.role not in ("system", "user", "assistant") for m in request.messages):
-            raise RequestError("a message role must be system, user or assistant", "messages")
+        if any(m.role not in ("system", "user", "assistant", "tool") for m in request.messages):
+            raise RequestError("a message role must be system, user, assistant or tool", "messages")
+        check_choice(request)
         s = request.sampling
         if not 0.0 <= s.temperature <= 2.0:
             raise RequestError("temperature must be between 0 and 2", "temperature")
@@ -398,7 +430,8 @@ class FakeRuntime:
             report.ttft_ms = (time.perf_counter() - job.submitted) * 1000
         text = job.reply.pop(0)
         job.sent.append(text)
-        job.stream.put_token(text)
+        top = job.request.sampling.logprobs
+        job.stream.put_token(text, () if top is None else (logprob_of(text, top),))
         return False
 
     def _prefill(self, job: _Job) -> None:
@@ -432,11 +465,12 @@ class FakeRuntime:
         report.total_ms = (time.perf_counter() - job.submitted) * 1000
         if not job.sent:
             report.ttft_ms = report.total_ms
-        self._remember(job, report)
-        job.stream.finish(report)
+        reply = _tool_reply(job.request, "".join(job.sent))
+        self._remember(job, report, reply)
+        job.stream.finish(report, reply)
         return True
 
-    def _remember(self, job: _Job, report: Report) -> None:
+    def _remember(self, job: _Job, report: Report, tool_reply: Message | None = None) -> None:
         """Stores the conversation's tokens and counts the request."""
         now = time.time()
         reply = "".join(job.sent)
@@ -457,10 +491,22 @@ class FakeRuntime:
                 entry = _Entry(job.session_id, title, now)
                 self._entries[job.session_id] = entry
             entry.tokens = tokenize(render(job.request) + reply)
-            entry.messages = (*job.request.messages, Message("assistant", reply.strip()))
+            turn = tool_reply or Message("assistant", reply.strip())
+            entry.messages = (*job.request.messages, turn)
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()
+
+
+def _tool_reply(request: Request, text: str) -> Message | None:
+    """A request with tools: a forced call is made (with no arguments), else the
+    text is the answer. The real model's formats are tested on the real model."""
+    if not request.uses_tools:
+        return None
+    if request.tool_choice in ("auto", "none"):
+        return Message("assistant", text)
+    name = request.tools[0].name if request.tool_choice == "required" else request.tool_choice
+    return Message("assistant", "", tool_calls=(ToolCall(new_call_id(), name, "{}"),))
 
 
 def _first_user(messages: tuple[Message, ...]) -> str:

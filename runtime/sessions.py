@@ -14,10 +14,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import _sqlite
 from ._private import private_dir
-from .types import Message
+from .types import Message, ToolCall
 
 MIGRATIONS = [
     (
@@ -66,10 +67,32 @@ def title_of(messages: tuple[Message, ...]) -> str:
 
 
 def _as_json(m: Message) -> dict[str, object]:
+    """A message as stored; the tool fields only where set, so rows written before
+    tools existed and rows without them read the same."""
     out: dict[str, object] = {"role": m.role, "content": m.content}
     if m.interrupted:
         out["interrupted"] = True
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
     return out
+
+
+def _from_json(m: dict[str, Any]) -> Message:
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls", ()))
+    return Message(
+        m["role"],
+        m["content"],
+        bool(m.get("interrupted")),
+        tool_calls=calls,
+        tool_call_id=m.get("tool_call_id"),
+        name=m.get("name"),
+    )
 
 
 class SessionBook:
@@ -84,9 +107,7 @@ class SessionBook:
         self.keep_text = keep_text
 
     def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
-        messages = tuple(
-            Message(m["role"], m["content"], bool(m.get("interrupted"))) for m in json.loads(r[7])
-        )
+        messages = tuple(_from_json(m) for m in json.loads(r[7]))
         return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages)
 
     def get(self, session_id: str) -> SessionRow | None:

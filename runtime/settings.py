@@ -138,6 +138,15 @@ class Settings(BaseSettings):
     low_watermark: float | None = Field(None, ge=0.0, lt=1.0, description="pool fill to demote to")
     zstd_level: int | None = Field(None, ge=0, le=19, description="disk compression, 0 = raw")
     prewarm_sessions: int | None = Field(None, ge=0, le=1000, description="chats warmed at start")
+    memory_floor_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="when the system's available memory falls below this, the RAM pool "
+        "moves its coldest chunks to disk and gives their memory back (0: never)",
+    )
+    memory_check_s: float = Field(
+        1.0, gt=0, le=3600, description="seconds between two looks at the available memory"
+    )
     recalibrate: bool = Field(False, description="measure this machine again")
     disk_retry_s: float = Field(
         30.0,

@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from .types import Done, Event, Report, Token
+from .types import Done, Event, Message, Report, Token, TokenLogprob
 
 
 class QueueStream:
@@ -28,14 +28,14 @@ class QueueStream:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
-    def put_token(self, text: str) -> None:
-        if text:
-            self._queue.put(Token(text))
+    def put_token(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+        if text or logprobs:
+            self._queue.put(Token(text, logprobs))
 
-    def finish(self, report: Report) -> None:
+    def finish(self, report: Report, reply: Message | None = None) -> None:
         if not self._finished.is_set():
             self._finished.set()
-            self._queue.put(Done(report))
+            self._queue.put(Done(report, reply))
 
     def fail(self, exc: BaseException) -> None:
         if not self._finished.is_set():

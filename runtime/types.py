@@ -6,9 +6,32 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 TIERS: tuple[str, ...] = ("live", "ram", "disk")
 FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call of one of the request's tools, as the model made it."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's shape)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call; ``parameters`` is its JSON schema, as text."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object"}'
+
+
+# "auto": the model chooses; "none": it answers in text; "required": it calls at least
+# one tool; any other value names the one function it must call
+ToolChoice = str
 
 
 @dataclass(frozen=True)
@@ -18,6 +41,11 @@ class Message:
     # an assistant turn cut short (Ctrl-C, a client that left): ``content`` is what
     # was shown; kept with the session, never sent to the model
     interrupted: bool = False
+    # an assistant turn that called tools
+    tool_calls: tuple[ToolCall, ...] = ()
+    # a ``tool`` turn: the result of the call with this id, of the function ``name``
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,17 @@ class Sampling:
     # a GBNF grammar (root rule ``root``) the reply must match: JSON output, forced
     # tool calls; applied before any other step of the chain
     grammar: str | None = None
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    # over the reply's own tokens (llama.cpp's penalties sampler); 1.0 / 0.0: off
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # (token id, bias added to its logit); a bias of -inf bans the token
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # report each reply token's log-probability with this many alternatives (0 to 20);
+    # None: no log-probabilities
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +82,17 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
     session_id: str | None = None
     use_cache: bool = True
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"  # honoured only when ``tools`` is not empty
+    # more than one call in a reply: off unless asked, as in llama.cpp (a small model
+    # repeats its call until max_tokens)
+    parallel_tool_calls: bool = False
+
+    @property
+    def uses_tools(self) -> bool:
+        """Is the reply read back as tool calls and/or text (not returned raw)? With
+        any tools, whatever the choice: the same prompt serves every choice."""
+        return bool(self.tools)
 
 
 @dataclass
@@ -98,17 +148,34 @@ class Embeddings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One reply token's log-probability under the model's raw next-token logits (a
+    log-softmax before any sampler step), with the most likely alternatives in
+    ``top`` (most likely first; their own ``top`` is empty)."""
+
+    token: str
+    raw: bytes  # the token's bytes: a piece of a multi-byte character is not text
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
-    """A piece of the reply's text, streamed as soon as it is decoded."""
+    """A piece of the reply's text, streamed as soon as it is decoded. With
+    ``Sampling.logprobs``, ``logprobs`` holds the tokens decoded since the last event
+    (their text may be held back for a stop string, so ``text`` may be empty)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class Done:
-    """The last event of every stream."""
+    """The last event of every stream. ``reply``: for a request that uses tools, the
+    model's output read back as text and tool calls (None otherwise)."""
 
     report: Report
+    reply: Message | None = None
 
 
 Event = Token | Done

@@ -16,7 +16,7 @@ from tests.hardware.machines import LLAMA_8B, MACHINES, calibration_for
 REQUIRED = {
     "swap_in_threshold_tokens", "ram_pool_bytes", "disk_budget_bytes", "chunk_tokens",
     "high_watermark", "low_watermark", "zstd_level", "resident_sequences", "n_ctx",
-    "prewarm_sessions",
+    "prewarm_sessions", "memory_floor_bytes",
 }  # fmt: skip
 
 
@@ -80,3 +80,11 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise() -> None:
     progress("prefill", 0.0)
     progress("done", 1.0)
     assert "calibrating" in term.getvalue() and "100%" in term.getvalue()
+
+
+def test_the_memory_floor_line_says_its_size_and_why() -> None:
+    text = render_doctor(_report(MACHINES["laptop"], True))
+    line = next(x for x in text.splitlines() if "memory_floor_bytes" in x)
+    assert "GiB)" in line and "gives their pages back" in line
+    h100 = render_doctor(_report(MACHINES["h100"], True))
+    assert "pinned pages can be neither swapped nor given back" in h100

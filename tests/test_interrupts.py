@@ -5,6 +5,7 @@ stops, what the conversation keeps, and that no traceback is printed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -88,10 +89,10 @@ class Terminal:
         return self.out.decode(errors="replace")
 
 
-def _start(data_dir: Path, model_path: Path, *args: str) -> Terminal:
+def _start(data_dir: Path, model_path: Path, *args: str, max_tokens: int = 1500) -> Terminal:
     argv = [sys.executable, "-m", "warmstart.runtime.cli", *args]
     argv += ["--data-dir", str(data_dir), "--model", str(model_path), *FLAGS]
-    argv += ["--max-tokens", "1500"] if args[0] in ("ask", "chat") else []
+    argv += ["--max-tokens", str(max_tokens)] if args[0] in ("ask", "chat") else []
     return Terminal(argv, _env(data_dir))
 
 
@@ -124,6 +125,104 @@ def test_ctrl_c_in_ask_stops_at_once_and_keeps_what_was_shown(
     shown = term.text().split(LONG)[-1] if LONG in term.text() else term.text()
     assert reply.content.strip() and reply.content.replace("\n", "\r\n") in shown
     assert not reply.content.rstrip().endswith("500")  # cut short, not the whole reply
+
+
+INVENTORY = "Answer from this inventory only. " + " ".join(
+    f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} crate on shelf {i % 7} holds "
+    f"{3 * i + 1} bolts and {i % 5 + 2} hinges."
+    for i in range(60)
+)  # about 1,300 tokens: seconds of prefill on a CPU
+
+
+def test_ctrl_c_during_prefill_in_chat_keeps_the_turn_interrupted_and_empty(
+    data_dir: Path, model_path: Path
+) -> None:
+    term = _start(data_dir, model_path, "chat", "--session", "prefilled", "--system", INVENTORY)
+    term.expect(b"> ")
+    at = len(term.out)
+    asked = term.send(b"Which shelf holds item 41?\n")
+    time.sleep(1.0)  # inside the prefill, long before the first token
+    pressed = term.send(CTRL_C)
+    stopped = term.expect(b"[interrupted]", timeout=30, after=at)
+    term.expect(b"> ", timeout=30, after=at)
+    print(f"chat: stopped {(stopped - pressed) * 1000:.0f} ms after Ctrl-C during prefill")
+    assert stopped - pressed < 1.5
+    term.send(b"/quit\n")
+    assert term.wait() == 0
+    assert "Traceback" not in term.text()
+    book = SessionBook(data_dir / "sessions.db")
+    try:
+        row = book.get("prefilled")
+    finally:
+        book.close()
+    assert row is not None, f"asked {time.monotonic() - asked:.1f} s ago"
+    *_, question, reply = row.messages
+    assert question.role == "user" and question.content == "Which shelf holds item 41?"
+    assert reply.role == "assistant" and reply.interrupted and reply.content == ""
+
+
+def test_a_reply_cancelled_in_prefill_is_saved_interrupted_and_its_batches_kept(
+    make_runtime, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from warmstart.runtime.types import Message
+
+    from tests.conftest import chat
+
+    request = chat("Which shelf holds item 41?", system=Message("system", INVENTORY))
+    request = dataclasses.replace(request, session_id="cut")
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, n_ctx=2048)
+    rt = make_runtime(tmp_path / "cached", n_ctx=2048)
+    stream = rt.generate(request)
+    deadline = time.monotonic() + 60
+    while rt.stats()["tiers"]["live"]["tokens"] < 64 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until two 32-token batches are in
+    stream.cancel()
+    text, report = stream.text()
+    rt.wait_idle(60)
+    assert text == "" and report.finish_reason == "cancelled" and report.completion_tokens == 0
+    assert report.prompt_tokens > 1000
+    info = rt.session("cut")
+    assert info is not None
+    assert [m.role for m in info.messages][-2:] == ["user", "assistant"]
+    assert info.messages[-1].interrupted and info.messages[-1].content == ""
+    # what was prefilled before the cancel is not computed again, and the answer is exact
+    rt.evict_live()
+    text, report = rt.generate(request).text()
+    assert report.restored["ram"] >= 64, report
+    assert text == oracle.generate(request).text()[0]
+
+
+def test_a_pasted_block_and_a_fenced_block_are_one_turn_each(
+    data_dir: Path, model_path: Path
+) -> None:
+    term = _start(data_dir, model_path, "chat", "--session", "pasted", max_tokens=4)
+    term.expect(b"> ")
+    at = len(term.out)
+
+    def replied(since: int) -> int:
+        """Waits for the reply's summary line and the prompt after it."""
+        term.expect(b"TTFT", after=since)
+        done = term.out.index(b"TTFT", since)
+        term.expect(b"> ", after=done)
+        return len(term.out)
+
+    term.send(b"Line one.\nLine two.\nLine three.\n")  # one write: a paste
+    at = replied(at)
+    for line in (b'"""', b"alpha", b"beta", b'"""'):  # typed, a line at a time
+        term.send(line + b"\n")
+        time.sleep(0.3)
+    replied(at)
+    term.send(b"/quit\n")
+    assert term.wait() == 0
+    assert "Traceback" not in term.text()
+    book = SessionBook(data_dir / "sessions.db")
+    try:
+        row = book.get("pasted")
+    finally:
+        book.close()
+    assert row is not None
+    asked = [m.content for m in row.messages if m.role == "user"]
+    assert asked == ["Line one.\nLine two.\nLine three.", "alpha\nbeta"], term.text()
 
 
 def test_ctrl_c_in_chat_returns_to_the_prompt_and_a_second_one_leaves(

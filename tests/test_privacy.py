@@ -104,3 +104,18 @@ def test_the_cli_creates_everything_private(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (data / "sessions.db").exists()
     assert _loose(data) == []
+
+
+def test_the_disk_tiers_sub_directories_are_private(tmp_path: Path) -> None:
+    """diskcache files a value under two levels of directories it makes itself; under
+    the usual umask (022, as in this test process) they must still come out 0700."""
+    import diskcache
+    from warmstart.runtime.kvstore._disk import ZstdDisk
+
+    with diskcache.Cache(str(tmp_path / "blobs"), disk=ZstdDisk, disk_min_file_size=0) as cache:
+        for i in range(8):
+            cache.set(f"k{i}", os.urandom(4096))
+    files = [p for p in (tmp_path / "blobs").rglob("*.val")]
+    assert len(files) == 8
+    subdirs = {p.parent for p in files} | {p.parent.parent for p in files}
+    assert {f"{stat.S_IMODE(d.stat().st_mode):o}" for d in subdirs} == {"700"}

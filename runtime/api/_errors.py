@@ -4,6 +4,7 @@ Every error body is ``{"error": {"message", "type", "param", "code"}}``. Excepti
 *types* choose the status (never message text):
 
     RequestError, validation, bad JSON   400 invalid_request_error
+    a field warmstart does not implement 400 invalid_request_error / unsupported_parameter
     ContextOverflow                      400 invalid_request_error / context_length_exceeded
     missing or wrong API key             401 authentication_error / invalid_api_key
     unknown model, session or route      404 invalid_request_error / *_not_found
@@ -101,20 +102,33 @@ def _is_field(part: object) -> bool:
     return text.isidentifier() and text not in _UNION_TAGS
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """A one-line message naming the first bad field, and that field as ``param``."""
+# a field warmstart does not implement (unknown, or known in its neutral value only)
+_CODE = "unsupported_parameter"
+_UNSUPPORTED = frozenset({"extra_forbidden", _CODE})
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str | None]:
+    """A one-line message naming the first bad field, that field as ``param``, and the
+    error code (``unsupported_parameter`` for a field warmstart does not implement)."""
     errors = exc.errors()
     if not errors:
-        return "the request body is invalid", None
-    # A failed check on a value says more than "not a list" about a union's other arm.
-    first = next((e for e in errors if e.get("type") == "value_error"), errors[0])
+        return "the request body is invalid", None, None
+    # A refused field first: the client must learn it asked for what is not done. Then
+    # a failed check on a value says more than "not a list" about a union's other arm.
+    first = next(
+        (e for e in errors if e.get("type") in _UNSUPPORTED),
+        next((e for e in errors if e.get("type") == "value_error"), errors[0]),
+    )
     if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
+        return "the request body is not valid JSON", None, None
     loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
     param = ".".join(loc) or None
     where = f"{param}: " if param else "request body: "
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return f"{where}{first.get('msg', 'invalid value')}{more}", param
+    if first.get("type") == "extra_forbidden":
+        return f"{where}warmstart does not support this parameter{more}", param, _CODE
+    code = _CODE if first.get("type") in _UNSUPPORTED else None
+    return f"{where}{first.get('msg', 'invalid value')}{more}", param, code
 
 
 def install(app: FastAPI) -> None:
@@ -130,8 +144,8 @@ def install(app: FastAPI) -> None:
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        message, param = _validation_message(exc)
-        return to_response(APIError(400, message, param=param))
+        message, param, code = _validation_message(exc)
+        return to_response(APIError(400, message, param=param, code=code))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -49,6 +49,7 @@ class _RuntimeCollector(Collector):
                 "1 while the disk tier cannot be written and the cache runs from RAM",
                 value=int(disk["degraded"]),
             )
+        yield from _memory_metrics(stats)
         evictions = stats.get("evictions")
         if isinstance(evictions, int | float):
             yield CounterMetricFamily(
@@ -60,6 +61,37 @@ class _RuntimeCollector(Collector):
                 yield GaugeMetricFamily(
                     f"warmstart_queue_{key}", f"requests {key} in the runtime", value=queue[key]
                 )
+
+
+def _memory_metrics(stats: dict[str, Any]) -> Iterator[Metric]:
+    """The RAM pool's give-back under memory pressure (runtimes with a pool only)."""
+    ram = (stats.get("tiers") or {}).get("ram") or {}
+    memory = stats.get("memory") or {}
+    gauges = (
+        ("warmstart_ram_pool_limit_bytes", "bytes the RAM pool may use now", ram, "limit_bytes"),
+        (
+            "warmstart_ram_pool_resident_bytes",
+            "bytes of the RAM pool that may be resident (given-back pages excluded)",
+            ram,
+            "resident_bytes",
+        ),
+        (
+            "warmstart_memory_floor_bytes",
+            "available system memory below which the RAM pool gives memory back",
+            memory,
+            "floor_bytes",
+        ),
+    )
+    for name, doc, source, key in gauges:
+        if isinstance(source.get(key), int | float):
+            yield GaugeMetricFamily(name, doc, value=source[key])
+    events = memory.get("pressure_events")
+    if isinstance(events, int | float):
+        yield CounterMetricFamily(
+            "warmstart_memory_pressure_events",
+            "times the RAM pool shrank because available memory fell below the floor",
+            value=events,
+        )
 
 
 def _tier_metrics(tiers: dict[str, Any]) -> Iterator[Metric]:

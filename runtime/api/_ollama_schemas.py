@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
 from ._errors import APIError
 from ._schemas import SESSION_ID, Text
@@ -53,11 +54,24 @@ class Options(_Body):
         None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: as many as fit"
     )
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+    # llama.cpp's own samplers, as on /v1; not given: off (Ollama's Modelfile defaults
+    # for these are not applied, so a reply is what the request asked for)
+    top_k: int | None = Field(None, ge=0, le=1000)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
 
-    def sampling(self, max_tokens: int) -> Sampling:
+    def sampling(self, max_tokens: int, grammar: str | None = None) -> Sampling:
         self.refuse_extras("options.")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return Sampling(
+            grammar=grammar,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
             temperature=OLLAMA_TEMPERATURE if self.temperature is None else self.temperature,
             top_p=OLLAMA_TOP_P if self.top_p is None else self.top_p,
             # llama.cpp seeds are 32-bit; any integer a client sends maps onto one.
@@ -88,7 +102,9 @@ class _Generating(_Body):
     model: Text = Field("", description="the loaded model's name (see /api/tags) or 'default'")
     stream: bool = Field(True, description="NDJSON lines as tokens come (Ollama's default)")
     options: Options | None = None
-    format: Text | dict[str, Any] | None = Field(None, description="refused unless empty")
+    format: Text | dict[str, Any] | None = Field(
+        None, description='"json" or a JSON schema: the reply is held to it by a grammar'
+    )
     keep_alive: Text | float | None = Field(
         None, description="the model always stays loaded; 0 (unload now) is refused"
     )
@@ -100,8 +116,8 @@ class _Generating(_Body):
     def check_common(self) -> None:
         """Refuses what no route here implements (after the route's own fields)."""
         self.refuse_extras()
-        if self.format:
-            raise unsupported("format", "structured output is not available on /api yet")
+        if isinstance(self.format, str) and self.format not in ("", "json"):
+            raise unsupported("format", 'give "json" or a JSON schema')
         if self.think:
             raise unsupported("think", "the model runs without a thinking mode")
         if self.logprobs or self.top_logprobs:
@@ -110,7 +126,13 @@ class _Generating(_Body):
             raise unsupported("keep_alive", "warmstart keeps its one model loaded")
 
     def sampling(self, max_tokens: int) -> Sampling:
-        return (self.options or Options.model_validate({})).sampling(max_tokens)
+        options = self.options or Options.model_validate({})
+        return options.sampling(max_tokens, self._grammar())
+
+    def _grammar(self) -> str | None:
+        if isinstance(self.format, dict) and self.format:
+            return json_schema_grammar(self.format, param="format")
+        return json_object_grammar() if self.format == "json" else None
 
     @property
     def num_predict(self) -> int | None:

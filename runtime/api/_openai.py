@@ -22,7 +22,7 @@ from ._schemas import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from ._sse import SSEResponse, collect
+from ._sse import SSEResponse, gather
 from ._state import ERRORS, MODEL_ALIASES, AppState, state
 
 SessionHeader = Annotated[
@@ -98,9 +98,9 @@ async def _reply(
             send_timeout=st.settings.send_timeout,
             sock=_peer_socket(request),
         )
-    text, report = await collect(request, events, st.limiter)
-    st.metrics.observe(report)
-    return JSONResponse(shape.whole(text, report))
+    reply = await gather(request, events, st.limiter)
+    st.metrics.observe(reply.report)
+    return JSONResponse(shape.whole(reply.text, reply.report, reply.turn, reply.logprobs))
 
 
 def _peer_socket(request: Request) -> socket.socket | None:
@@ -157,7 +157,14 @@ async def _answer(
         raise from_runtime(exc, "messages" if kind == "chat" else "prompt") from exc
     finally:
         st.release()  # submitted (or refused): a switch may close this runtime now
-    return await _reply(request, st, events, Shape(kind, name), body.stream, body.include_usage)
+    shape = Shape(
+        kind,
+        name,
+        tools=req.uses_tools,
+        logprobs=req.sampling.logprobs is not None,
+        prompt_chars=len(req.prompt or ""),
+    )
+    return await _reply(request, st, events, shape, body.stream, body.include_usage)
 
 
 def build_router() -> APIRouter:

@@ -13,6 +13,7 @@ import logging
 import socket
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,7 +23,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled, WarmstartError
-from ..types import Done, Event, Report, Stream, Token
+from ..types import Done, Event, Report, Stream, Token, TokenLogprob
+from ..types import Message as ChatMessage
 from ._errors import error_body
 from ._replies import Shape
 
@@ -52,13 +54,31 @@ async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterato
             stream.cancel()
 
 
+@dataclass
+class Reply:
+    """A whole reply: its text, its tokens' log-probabilities (when asked), its report,
+    and, for a request with tools, the turn read back from it (text and calls)."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+    report: Report
+    turn: ChatMessage | None = None
+
+
 async def collect(
     request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter
 ) -> tuple[str, Report]:
+    """The whole reply's text and report (see :func:`gather`)."""
+    reply = await gather(request, stream, limiter)
+    return reply.text, reply.report
+
+
+async def gather(request: HTTPRequest, stream: Stream, limiter: anyio.CapacityLimiter) -> Reply:
     """The whole reply; a client that disconnects while waiting cancels the stream
     (and gets Cancelled raised here, which nobody is left to read)."""
     parts: list[str] = []
-    report: Report | None = None
+    logprobs: list[TokenLogprob] = []
+    done: Done | None = None
     failure: BaseException | None = None
 
     async with anyio.create_task_group() as group:
@@ -74,16 +94,17 @@ async def collect(
             async for event in events(stream, limiter):
                 if isinstance(event, Token):
                     parts.append(event.text)
+                    logprobs.extend(event.logprobs)
                 else:
-                    report = event.report
+                    done = event
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
             failure = exc
         group.cancel_scope.cancel()
     if failure is not None:
         raise failure
-    if report is None:
+    if done is None:
         raise Cancelled("the client disconnected")
-    return "".join(parts), report
+    return Reply("".join(parts), logprobs, done.report, done.reply)
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -100,16 +121,22 @@ async def sse_chunks(
     on_done: Callable[[Report], None],
 ) -> AsyncGenerator[str, None]:
     """The SSE body: a role chunk (chat), a chunk per token, the finishing chunk
-    (always with usage and x_warmstart), the usage chunk if asked, then [DONE]."""
+    (always with usage and x_warmstart), the usage chunk if asked, then [DONE].
+    A reply read back as tool calls is held until it is whole, then sent as its
+    text and its calls."""
     if shape.kind == "chat":
         yield _sse(shape.chunk(None))
     try:
         async for event in events(stream, limiter):
             if isinstance(event, Token):
-                yield _sse(shape.chunk(event.text))
+                if not shape.tools:
+                    yield _sse(shape.chunk(event.text, logprobs=event.logprobs))
                 continue
             on_done(event.report)
-            yield _sse(shape.last_chunk(event.report))
+            if shape.tools and event.reply is not None:
+                for chunk in shape.tool_call_chunks(event.reply):
+                    yield _sse(chunk)
+            yield _sse(shape.last_chunk(event.report, event.reply))
             if include_usage:
                 yield _sse(shape.usage_chunk(event.report))
     except Exception as exc:  # any failure: the client must still see the stream end

@@ -16,6 +16,7 @@ from ..service import Runtime
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
+from ._replies import message_json
 from ._schemas import LoadModelRequest
 from ._state import ERRORS, state
 
@@ -46,11 +47,7 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     }
     if messages:
         body["messages"] = [
-            {
-                "role": m.role,
-                "content": m.content,
-                **({"interrupted": True} if m.interrupted else {}),
-            }
+            {**message_json(m), **({"interrupted": True} if m.interrupted else {})}
             for m in info.messages
         ]
     return body

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -20,10 +21,10 @@ from typing import Any
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from ..errors import EngineError
+from ..errors import EngineError, RequestError
 from ..kvstore._keys import common_prefix
 from ..types import Request, Sampling
-from . import _kvblob
+from . import _kvblob, _tools
 from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
 from ._prompt import PromptTokenizer
 from ._sampling import Sampler
@@ -148,6 +149,7 @@ class Engine:
             self.bos_text,
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
+        self.tool_format = _tools.detect_format(self.template.source)
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -200,17 +202,39 @@ class Engine:
         tokens (a raw completion prompt is the client's own markup, parsed whole)."""
         if request.prompt is not None:
             return self.prompter.ids([(request.prompt, True)]), 0
-        parts = self.template.render_parts(request.messages, add_generation_prompt=True)
-        ids = self.prompter.chat_ids(parts, request.messages)
-        system = [m for m in request.messages[:1] if m.role == "system"]
-        if not system or len(request.messages) < 2:
+        plan = self.tool_plan(request)
+        messages = plan.messages if plan else request.messages
+        tools = plan.tools if plan else None
+        if plan and plan.format != "generic":
+            self._check_native_tools(plan)
+        parts = _tools.render_parts(self.template, plan, messages)
+        ids = self.prompter.chat_ids(parts, messages)
+        system = [m for m in messages[:1] if m.role == "system"]
+        if not system or len(messages) < 2:
             return ids, 0
-        head_parts = self.template.render_parts(system, add_generation_prompt=False)
+        head_parts = self.template.render_parts(system, add_generation_prompt=False, tools=tools)
         if not head_parts:  # templates such as Gemma's put the system text in the first user turn
             return ids, 0
         head = self.prompter.ids(head_parts)
         anchor = len(head) if ids[: len(head)] == head else 0
         return ids, anchor
+
+    def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
+        """How the request's tools and tool turns reach this model (None: it has none)."""
+        return _tools.plan(request, self.tool_format)
+
+    def _check_native_tools(self, plan: _tools.ToolPlan) -> None:
+        """A native template writes tool definitions and call arguments as JSON in
+        its own markup (trusted): control-token text in them is refused, not parsed."""
+        texts = [json.dumps(plan.tools or [], ensure_ascii=False)]
+        texts += [c.name + c.arguments for m in plan.messages for c in m.tool_calls]
+        texts += [m.name or "" for m in plan.messages]
+        if any(self.prompter.has_control_text(t) for t in texts):
+            raise RequestError(
+                "tool definitions and tool-call arguments must not hold this model's "
+                "control-token text",
+                param="tools",
+            )
 
     # residents --------------------------------------------------------------------
     def claim(

@@ -10,6 +10,7 @@ never becomes a control token).
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..errors import ModelError, RequestError
 from ..types import Message
 from ._llama import apply_builtin_template
+from ._tools import arguments_value
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,34 @@ _MARK = "\ue000{}\ue001"
 _MARKS = re.compile("\ue000(\\d+)\ue001")
 
 Part = tuple[str, bool]  # (text, trusted)
+Tools = list[dict[str, Any]] | None  # the ``tools`` a template receives, OpenAI's shape
+
+
+def _tojson(
+    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _payload(m: Message, content: str) -> dict[str, Any]:
+    """A message in the shape Hugging Face chat templates read."""
+    out: dict[str, Any] = {"role": m.role, "content": content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": arguments_value(c.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 def _raise(message: str) -> None:
@@ -56,6 +86,7 @@ class ChatTemplate:
     """Renders messages the way the model was trained to read them."""
 
     name = "the GGUF's own"
+    source: str | None = None
 
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
         if source is None:
@@ -63,19 +94,31 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        # as Hugging Face renders templates (and tool schemas were trained on): plain
+        # JSON, not Jinja's HTML-escaped one (``<`` as ``\\u003c``)
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
         except TemplateError as exc:
             raise ModelError(f"the model's chat template does not parse: {exc}") from exc
         self._bos = bos_token
         self._eos = eos_token
+        self.source = source
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        payload: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
-        return self._render(payload, add_generation_prompt)
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Tools = None,
+    ) -> str:
+        payload = [_payload(m, m.content) for m in messages]
+        return self._render(payload, add_generation_prompt, tools)
 
     def render_parts(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Tools = None,
     ) -> list[Part]:
         """The rendered prompt as (text, trusted) parts: contents are untrusted.
 
@@ -83,10 +126,13 @@ class ChatTemplate:
         equal the plain rendering (a template that rewrites contents, other than by
         stripping whitespace, cannot be split). When it cannot, the whole prompt is
         one trusted part, and a content holding control-token text is refused by
-        the caller (see PromptTokenizer.check_plain)."""
-        plain = self.render(messages, add_generation_prompt)
-        marked = [{"role": m.role, "content": _MARK.format(i)} for i, m in enumerate(messages)]
-        rendered = self._render(marked, add_generation_prompt)
+        the caller (see PromptTokenizer.check_plain). An empty content is not marked:
+        templates test it (``{% if message.content %}``, a turn that only calls tools).
+        ``tools`` and tool-call arguments are the template's to render (as JSON): they
+        stay in trusted parts, and the caller refuses control-token text in them."""
+        plain = self.render(messages, add_generation_prompt, tools)
+        marked = [_payload(m, _MARK.format(i) if m.content else "") for i, m in enumerate(messages)]
+        rendered = self._render(marked, add_generation_prompt, tools)
         for strip in (False, True):
             parts = self._fill(rendered, messages, strip)
             if parts is not None and "".join(text for text, _ in parts) == plain:
@@ -110,13 +156,17 @@ class ChatTemplate:
         parts.append((rendered[at:], True))
         return [p for p in parts if p[0]]
 
-    def _render(self, payload: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(
+        self, payload: list[dict[str, Any]], add_generation_prompt: bool, tools: Tools = None
+    ) -> str:
+        extra = {} if tools is None else {"tools": tools}
         try:
             return self._template.render(
                 messages=payload,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos,
                 eos_token=self._eos,
+                **extra,
             )
         except TemplateError as exc:
             raise RequestError(f"the chat template failed on these messages: {exc}") from exc
@@ -129,7 +179,9 @@ class BuiltinTemplate(ChatTemplate):
         self.name = name
         self._render([{"role": "user", "content": "x"}], True)  # an unknown name fails here
 
-    def _render(self, payload: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(
+        self, payload: list[dict[str, Any]], add_generation_prompt: bool, tools: Tools = None
+    ) -> str:
         turns = [(m["role"], m["content"]) for m in payload]
         return apply_builtin_template(self.name, turns, add_generation_prompt)
 

@@ -10,6 +10,7 @@ and a row whose blob is gone (evicted, deleted by hand) is dropped on first use.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import logging
@@ -60,6 +61,18 @@ class ZstdDisk(diskcache.Disk):
 
     Files are made private (0600): KV caches hold the user's conversations.
     """
+
+    def filename(
+        self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN
+    ) -> Any:
+        """diskcache's two levels of sub-directories, created here 0700 (its own
+        makedirs follows the umask, 0755 under a usual one, before our chmod of the file)."""
+        filename, full_path = super().filename(key, value)
+        outer = os.path.join(self._directory, os.path.dirname(os.path.dirname(filename)))
+        for directory in (outer, os.path.dirname(full_path)):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+        return filename, full_path
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if isinstance(value, _Pending):

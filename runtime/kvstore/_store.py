@@ -68,6 +68,8 @@ class TieredStore:
             "written": 0,
             "dropped": 0,
             "disk_unavailable": 0,
+            "pressure_events": 0,  # times the pool was shrunk for the system's sake
+            "returned_bytes": 0,  # pool pages handed back to the OS, in all
         }
         self.disk_degraded = False
         self.degraded_reason: str | None = None
@@ -297,14 +299,52 @@ class TieredStore:
         for record in self.ledger.demotion_order(self.min_residency_s):
             if self.pool.fill() <= target and self.pool.has_free:
                 break
-            if record.slot is None:
-                continue
-            self.pool.release(record.slot)
-            record.slot = None
-            self.counters["demotions"] += 1
-            if not record.on_disk:
-                self.ledger.remove(record.key)
-                self.counters["evictions"] += 1
+            self._demote_one(record)
+
+    def _demote_one(self, record: Record) -> None:
+        """Takes an unpinned chunk out of RAM (lock held): kept if it is on disk."""
+        assert self.pool is not None
+        if record.slot is None:
+            return
+        self.pool.release(record.slot)
+        record.slot = None
+        self.counters["demotions"] += 1
+        if not record.on_disk:
+            self.ledger.remove(record.key)
+            self.counters["evictions"] += 1
+
+    # memory pressure ---------------------------------------------------------
+    def shrink_ram(self, limit_bytes: int) -> int:
+        """Lowers the pool's limit to ``limit_bytes``: the coldest chunks leave RAM down
+        to it (to disk, where those already written just stay; with the disk tier off
+        they are dropped: a later recompute, never a wrong answer), and the pages of
+        every free slot go back to the OS. Returns the bytes given back. Chunks still
+        pinned (being read, or waiting for their disk write) stay for the next call."""
+        if self.pool is None:
+            return 0
+        with self._lock:
+            self.pool.set_limit(limit_bytes)
+            for record in self.ledger.demotion_order(self.min_residency_s):
+                if self.pool.used_slots <= self.pool.limit_slots:
+                    break
+                self._demote_one(record)
+            freed = self.pool.give_back()
+            self.counters["pressure_events"] += 1
+            self.counters["returned_bytes"] += freed
+            return freed
+
+    def grow_ram(self, limit_bytes: int) -> None:
+        """Raises the pool's limit (at most to its capacity) once memory is back."""
+        if self.pool is not None:
+            with self._lock:
+                self.pool.set_limit(max(limit_bytes, self.pool.limit_bytes))
+
+    def ram_figures(self) -> tuple[int, int, int]:
+        """(resident bytes, limit bytes, capacity bytes) of the pool, for the watcher."""
+        if self.pool is None:
+            return 0, 0, 0
+        with self._lock:
+            return self.pool.resident_bytes, self.pool.limit_bytes, self.pool.capacity_bytes
 
     def _forget(self, record: Record) -> None:
         """Drops a chunk from every tier; a pinned one (being read or written) is doomed
@@ -347,6 +387,8 @@ class TieredStore:
             if record.slot is not None or not record.on_disk or record.key not in self.ledger:
                 continue
             if self.pool is None or (not make_room and self.pool.fill() >= self.high):
+                break
+            if not self.pool.limit_slots:  # memory is short: a read would land nowhere
                 break
             if self.read(record) is not None and record.slot is not None:
                 tokens += len(record.tokens)
@@ -423,6 +465,9 @@ class TieredStore:
                     "tokens": sum(len(r.tokens) for r in ram),
                     "used_bytes": sum(r.nbytes for r in ram),
                     "capacity_bytes": self.pool.capacity_bytes if self.pool else 0,
+                    "limit_bytes": self.pool.limit_bytes if self.pool else 0,
+                    "resident_bytes": self.pool.resident_bytes if self.pool else 0,
+                    "returnable": self.pool.returnable if self.pool else False,
                     "slots": self.pool.n_slots if self.pool else 0,
                     "memory": self.pool.memory_kind if self.pool else "none",
                 },

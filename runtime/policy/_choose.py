@@ -219,7 +219,7 @@ def _pool(p: _Picks, mem: _Memory, profile: HardwareProfile, kvb: int) -> tuple[
     free = max(mem.host_free - host_kv, 0)
     pool = int(POOL_SHARE * free)
     why = f"half of {_gib(free)} host RAM left after the OS, the model and the context"
-    if profile.offloads and profile.backend == "cuda":
+    if _pinned(profile):
         cap = profile.memory.total // 2
         if pool > cap:  # page-locked memory cannot be swapped or reclaimed by the kernel
             pool, why = cap, f"capped at half of RAM ({_gib(cap)}): the pool is pinned"
@@ -254,6 +254,29 @@ def _watermarks(p: _Picks, kvb: int) -> None:
             f"each demotion frees {gap:.0%} of the pool ({slots} slots): batches, not trickles",
         ),
     )
+
+
+def _pinned(profile: HardwareProfile) -> bool:
+    """Whether the RAM pool will be page-locked (CUDA offload; see kvstore/_pool.py)."""
+    return profile.offloads and profile.backend == "cuda"
+
+
+def _floor(p: _Picks, profile: HardwareProfile) -> tuple[int, str]:
+    """The available memory the pool defends for everything else on the machine."""
+    total = profile.memory.total
+    floor = host_reserve(total) // MiB * MiB
+    why = (
+        f"the RAM kept for the OS and the desktop (the larger of 2 GiB and 1/8 of "
+        f"{_gib(total)}): below it the pool moves its coldest chunks to disk and gives "
+        f"their pages back, and grows again when memory returns"
+    )
+    if _pinned(profile) and p.values["ram_pool_bytes"]:
+        why += (
+            "; this pool is pinned (page-locked for DMA), and pinned pages can be neither "
+            "swapped nor given back, so it is sized to leave this floor free when full "
+            "(half of what the OS, the model and the context leave, at most half of RAM)"
+        )
+    return floor, why
 
 
 def _disk_budget(profile: HardwareProfile) -> tuple[int, str]:
@@ -349,6 +372,7 @@ def choose(
     p.pick("swap_in_threshold_tokens", lambda: _threshold(rates, kvb, n_ctx))
     p.pick("prewarm_sessions", lambda: _prewarm(p, rates, kvb))
     p.pick("merge_batch_tokens", lambda: _merge(calibration, p.values["chunk_tokens"]))
+    p.pick("memory_floor_bytes", lambda: _floor(p, profile))
     reasons = dict(p.reasons)
     for name in ("chunk_tokens", "swap_in_threshold_tokens", "prewarm_sessions"):
         if reasons[name] != "set by the user":  # the values that rest on the rates

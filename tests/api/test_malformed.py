@@ -17,7 +17,8 @@ CHAT = [
     ),
     ('{"messages":[{"role":"user","content":null}]}', "messages.0.content", ""),
     ('{"messages":[{"role":"user"}]}', "messages.0.content", "required"),
-    ('{"messages":[{"role":"tool","content":"x"}]}', "messages.0.role", ""),
+    # a tool result is accepted (issue 13), but only as the answer to a call
+    ('{"messages":[{"role":"tool","content":"x"}]}', "messages.0.tool_call_id", "tool_call_id"),
     ('{"messages":[{"role":"root","content":"x"}]}', "messages.0.role", ""),
     ('{"messages":[{"content":"x"}]}', "messages.0.role", "required"),
     ('{"messages":[{"role":"user","content":"x"}],"stop":"\\ud800"}', "stop", "surrogate"),

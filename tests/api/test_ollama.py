@@ -99,9 +99,9 @@ def test_streamed_last_line_carries_the_report(server: Server) -> None:
 @pytest.mark.parametrize(
     "extra,param",
     [
-        ({"options": {"top_k": 5}}, "options.top_k"),
+        ({"options": {"mirostat": 1}}, "options.mirostat"),
         ({"options": {"num_ctx": 4096}}, "options.num_ctx"),
-        ({"format": "json"}, "format"),
+        ({"format": "yaml"}, "format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"think": True}, "think"),
         ({"keep_alive": 0}, "keep_alive"),
@@ -119,12 +119,28 @@ def test_unsupported_fields_are_refused_by_name(
 
 def _why(param: str) -> str:
     reasons = {
-        "format": ": structured output is not available on /api yet",
+        "format": ': give "json" or a JSON schema',
         "tools": ": tool calling is not available on /api yet",
         "think": ": the model runs without a thinking mode",
         "keep_alive": ": warmstart keeps its one model loaded",
     }
     return reasons.get(param, "")
+
+
+def test_samplers_and_json_format_are_honoured(server: Server) -> None:
+    """The options /v1 honours are honoured here too, and format holds the reply to
+    JSON (the fake runtime answers any grammar with a JSON object)."""
+    options = {"top_k": 5, "min_p": 0.05, "repeat_penalty": 1.1, "presence_penalty": 0.5}
+    for fmt in ("json", {"type": "object", "properties": {"a": {"type": "string"}}}):
+        body = {"model": "default", "messages": _chat("x"), "stream": False}
+        reply = httpx.post(
+            server.base_url + "/api/chat", json={**body, "options": options, "format": fmt}
+        )
+        assert reply.status_code == 200, reply.text
+        json.loads(reply.json()["message"]["content"])
+    body = {"model": "default", "messages": _chat("x"), "stream": False, "format": {"minimum": 1}}
+    refused = httpx.post(server.base_url + "/api/chat", json=body)
+    assert refused.status_code == 400 and "format" in refused.json()["error"]
 
 
 def test_the_client_sees_the_refusal(client: ollama.Client) -> None:

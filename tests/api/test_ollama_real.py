@@ -70,6 +70,31 @@ def test_generate(client: ollama.Client) -> None:
     assert "".join(p.response or "" for p in parts) == reply.response
 
 
+def test_format_holds_the_reply_to_a_schema(client: ollama.Client) -> None:
+    """format (a JSON schema) with the sampler options /v1 has: the reply parses and
+    has the schema's shape, from Ollama's own client."""
+    import json
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    reply = client.chat(
+        model="default",
+        messages=[
+            {"role": "system", "content": 'Answer in JSON, e.g. {"city": "Rome", "sunny": true}'},
+            {"role": "user", "content": "Is it sunny in Paris?"},
+        ],
+        format=schema,
+        options={"temperature": 0, "num_predict": 96, "top_k": 20, "repeat_penalty": 1.1},
+    )
+    jsonschema.validate(json.loads(reply.message.content), schema)
+
+
 def test_list_and_show(client: ollama.Client) -> None:
     models = client.list().models
     assert len(models) == 1

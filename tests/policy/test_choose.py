@@ -166,6 +166,7 @@ OVERRIDES: dict[str, Any] = {
     "zstd_level": 3,
     "prewarm_sessions": 2,
     "merge_batch_tokens": 512,
+    "memory_floor_bytes": 3 << 30,
 }
 
 
@@ -297,3 +298,15 @@ def test_whole_chunks_merge_only_where_measured_and_for_the_measured_size() -> N
     assert t.merge_batch_tokens == 0 and "verified" in t.reasons["merge_batch_tokens"]
     never = choose(laptop, measured, LLAMA_8B, load_settings())
     assert never.merge_batch_tokens == 0 and never.reasons["merge_batch_tokens"]
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_the_memory_floor_is_the_reserve_left_to_the_os(machine: str) -> None:
+    profile = MACHINES[machine]
+    t = _choose(profile)
+    assert t.memory_floor_bytes == host_reserve(profile.memory.total) // (1 << 20) * (1 << 20)
+    # the pool, full, leaves the floor free as measured at start
+    assert t.ram_pool_bytes <= profile.memory.available - t.memory_floor_bytes
+    pinned = profile.offloads and profile.backend == "cuda"
+    said = "pinned pages can be neither swapped nor given back" in t.reasons["memory_floor_bytes"]
+    assert said == pinned
