@@ -12,7 +12,7 @@ from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
 from ._ollama_stream import OllamaErrorMiddleware
-from ._state import AppState, Opener, loaded_model
+from ._state import AppState, LoadedStats, Opener, loaded_model
 
 DESCRIPTION = """An OpenAI-compatible API over a local model whose KV cache is kept in
 tiers (live context, RAM pool, disk). Every reply reports how many prompt tokens came
@@ -33,7 +33,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
     path, name = loaded_model(settings, runtime) if opener else (None, runtime.model_id)
-    metrics = Metrics(lambda: st.settled())  # the loaded one at each scrape
+    metrics = Metrics(LoadedStats(lambda: st.settled()))  # the loaded runtime's at a scrape
     st = AppState(settings, runtime, metrics, opener=opener, model_path=path, model_name=name)
     app.state.warmstart = st
     _errors.install(app)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -192,6 +193,18 @@ class AppState:
     def close(self) -> None:
         """Closes the loaded runtime (the server is stopping)."""
         self.runtime.close()
+
+
+class LoadedStats:
+    """``stats()`` of whichever runtime is loaded at the time (for the metrics scrape,
+    which must not wait): empty while a switch closes one runtime and opens another."""
+
+    def __init__(self, settled: Callable[[], Runtime | None]) -> None:
+        self._settled = settled  # AppState.settled
+
+    def stats(self) -> dict[str, Any]:
+        runtime = self._settled()
+        return {} if runtime is None else runtime.stats()
 
 
 def state(request: Request) -> AppState:
