@@ -394,8 +394,8 @@ class LocalRuntime:
             row.id, row.title, row.created, row.updated, row.n_tokens, tiers, row.messages
         )
 
-    def sessions(self) -> list[SessionInfo]:
-        return [self._info(row) for row in self.book.list()]
+    def sessions(self, search: str = "") -> list[SessionInfo]:
+        return [self._info(row) for row in self.book.list(search=search)]
 
     def session(self, session_id: str) -> SessionInfo | None:
         row = self.book.get(session_id)
@@ -436,6 +436,19 @@ class LocalRuntime:
             mine = [r.key for r in self.store.chain(row.leaf) if r.key not in keep]
             self.store.drop(mine)
         return self.book.delete(session_id)
+
+    def rename_session(self, session_id: str, title: str) -> bool:
+        return self.book.rename(session_id, title)
+
+    def import_session(self, info: SessionInfo) -> bool:
+        if not self.book.keep_text:
+            # Accepting would keep the ids and drop the text the client then forgets.
+            raise RequestError(
+                "history is off: this server keeps no conversation text, so it cannot "
+                "take conversations over",
+                "history",
+            )
+        return self.book.import_(info)
 
     def stats(self) -> dict[str, Any]:
         """Counters and tier usage, in the shape docs/api.md documents."""

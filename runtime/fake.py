@@ -197,9 +197,12 @@ class FakeRuntime:
     def count_tokens(self, request: Request) -> int:
         return len(tokenize(render(request)))
 
-    def sessions(self) -> list[SessionInfo]:
+    def sessions(self, search: str = "") -> list[SessionInfo]:
+        needle = search.strip().casefold()
         with self._cond:
             entries = sorted(self._entries.values(), key=lambda e: e.updated, reverse=True)
+            if needle:
+                entries = [e for e in entries if _mentions(e, needle)]
             return [self._info(e) for e in entries]
 
     def session(self, session_id: str) -> SessionInfo | None:
@@ -222,6 +225,29 @@ class FakeRuntime:
     def delete_session(self, session_id: str) -> bool:
         with self._cond:
             return self._entries.pop(session_id, None) is not None
+
+    def rename_session(self, session_id: str, title: str) -> bool:
+        with self._cond:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                entry.title = title
+            return entry is not None
+
+    def import_session(self, info: SessionInfo) -> bool:
+        """An imported conversation has no cached tokens: its tier is "none"."""
+        with self._cond:
+            if info.id in self._entries:
+                return False
+            title = info.title or _first_user(info.messages)[:60]
+            self._entries[info.id] = _Entry(
+                info.id,
+                title,
+                info.created,
+                messages=info.messages,
+                tier="none",
+                updated=info.updated,
+            )
+            return True
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
@@ -507,6 +533,11 @@ def _tool_reply(request: Request, text: str) -> Message | None:
         return Message("assistant", text)
     name = request.tools[0].name if request.tool_choice == "required" else request.tool_choice
     return Message("assistant", "", tool_calls=(ToolCall(new_call_id(), name, "{}"),))
+
+
+def _mentions(entry: _Entry, needle: str) -> bool:
+    texts = [entry.title, *(m.content for m in entry.messages)]
+    return any(needle in t.casefold() for t in texts)
 
 
 def _first_user(messages: tuple[Message, ...]) -> str:

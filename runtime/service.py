@@ -22,10 +22,15 @@ class Runtime(Protocol):
       thread and the stream yields Token events then exactly one Done.
     - Requests for different conversations may be submitted from many threads; the
       runtime serves them fairly and raises Busy when ``max_queue`` are waiting.
-    - ``sessions()`` lists known conversations, newest first, with per-tier tokens.
+    - ``sessions(search)`` lists known conversations, newest first, with per-tier
+      tokens; a ``search`` keeps those whose title or messages contain it.
     - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
+    - ``rename_session(id, title)`` gives a conversation the user's title (later turns
+      keep it); False when unknown. ``import_session(info)`` adds a conversation kept
+      elsewhere (its id, title, times and messages; no KV); an id already known is left
+      unchanged and gives False, so an import can be repeated.
     - ``stats()`` returns a JSON-able dict of counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
     - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
@@ -49,13 +54,17 @@ class Runtime(Protocol):
 
     def count_tokens(self, request: Request) -> int: ...
 
-    def sessions(self) -> list[SessionInfo]: ...
+    def sessions(self, search: str = "") -> list[SessionInfo]: ...
 
     def session(self, session_id: str) -> SessionInfo | None: ...
 
     def prewarm(self, session_id: str) -> int: ...
 
     def delete_session(self, session_id: str) -> bool: ...
+
+    def rename_session(self, session_id: str, title: str) -> bool: ...
+
+    def import_session(self, info: SessionInfo) -> bool: ...
 
     def stats(self) -> dict[str, Any]: ...
 

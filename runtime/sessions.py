@@ -18,8 +18,9 @@ from typing import Any
 
 from . import _sqlite
 from ._private import private_dir
-from .types import Message, ToolCall
+from .types import Message, SessionInfo, ToolCall
 
+DEFAULT_TITLE = "New conversation"
 MIGRATIONS = [
     (
         "0001_sessions",
@@ -63,7 +64,7 @@ def title_of(messages: tuple[Message, ...]) -> str:
         if m.role == "user" and m.content.strip():
             line = " ".join(m.content.split())
             return line if len(line) <= 60 else line[:57] + "..."
-    return "New conversation"
+    return DEFAULT_TITLE
 
 
 def _as_json(m: Message) -> dict[str, object]:
@@ -95,6 +96,11 @@ def _from_json(m: dict[str, Any]) -> Message:
     )
 
 
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
 class SessionBook:
     """``keep_text=False`` (the ``history`` setting off) keeps no conversation text:
     sessions are listed with their token counts and cache keys, without title or
@@ -115,10 +121,17 @@ class SessionBook:
             r = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return self._row(r) if r else None
 
-    def list(self, limit: int = 1000) -> list[SessionRow]:
+    def list(self, limit: int = 1000, search: str = "") -> list[SessionRow]:
+        """Newest first; ``search`` keeps those whose title or messages contain it
+        (case-insensitive for ASCII letters, as SQLite's LIKE)."""
+        where, args = "", []
+        if search.strip():
+            where = " WHERE title LIKE ? ESCAPE '\\' OR messages LIKE ? ESCAPE '\\'"
+            # the messages are JSON text: the words are matched as JSON writes them
+            args = [_like(search.strip()), _like(json.dumps(search.strip())[1:-1])]
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM sessions ORDER BY updated DESC LIMIT ?", (limit,)
+                f"SELECT * FROM sessions{where} ORDER BY updated DESC LIMIT ?", (*args, limit)
             ).fetchall()
         return [self._row(r) for r in rows]
 
@@ -143,7 +156,9 @@ class SessionBook:
             self._db.execute(
                 "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
                 " messages) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                "updated=excluded.updated, n_tokens=excluded.n_tokens, "
+                # an imported or empty conversation titles itself at its first turn
+                f"title=CASE WHEN title IN ('', '{DEFAULT_TITLE}') THEN excluded.title "
+                "ELSE title END, updated=excluded.updated, n_tokens=excluded.n_tokens, "
                 "fingerprint=COALESCE(excluded.fingerprint, fingerprint), "
                 "leaf=COALESCE(excluded.leaf, leaf), messages=excluded.messages",
                 (session_id, self._title(messages), now, now, n_tokens, fingerprint, leaf, payload),
@@ -151,6 +166,30 @@ class SessionBook:
 
     def _title(self, messages: tuple[Message, ...]) -> str:
         return title_of(messages) if self.keep_text else ""
+
+    def rename(self, session_id: str, title: str) -> bool:
+        """A title the user chose; later turns keep it. False when unknown."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE sessions SET title = ? WHERE id = ?",
+                (title if self.keep_text else "", session_id),
+            )
+        return cur.rowcount > 0
+
+    def import_(self, row: SessionInfo) -> bool:
+        """Adds a conversation kept elsewhere (the app's old database), without KV;
+        an id already known is left as it is, so importing twice changes nothing.
+        True when it was added."""
+        messages = row.messages if self.keep_text else ()
+        title = (row.title or title_of(messages)) if self.keep_text else ""
+        payload = json.dumps([_as_json(m) for m in messages])
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
+                " messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?) ON CONFLICT(id) DO NOTHING",
+                (row.id, title, row.created, row.updated, payload),
+            )
+        return cur.rowcount > 0
 
     def delete(self, session_id: str) -> bool:
         """Deletes a session; its text leaves the database file (secure_delete) and the

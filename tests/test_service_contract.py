@@ -104,3 +104,32 @@ def test_embed_gives_unit_vectors_equal_for_equal_texts(runtime: Runtime) -> Non
         with pytest.raises(RequestError) as refused:
             runtime.embed(bad)
         assert refused.value.param in ("input", "input.1")
+
+
+def test_rename_and_import_sessions(runtime: Runtime) -> None:
+    from warmstart.runtime.types import SessionInfo
+
+    runtime.generate(ask("First question.", session="one")).text()  # type: ignore[attr-defined]
+    assert runtime.rename_session("one", "Renamed") is True
+    assert runtime.rename_session("nope", "x") is False
+    runtime.generate(ask("Again.", session="one")).text()  # type: ignore[attr-defined]
+    info = runtime.session("one")
+    assert info is not None and info.title == "Renamed"
+
+    messages = (Message("user", "Old question"), Message("assistant", "Old answer"))
+    old = SessionInfo("old", "Old chat", 1_700_000_000.0, 1_700_000_100.0, 0, {}, messages)
+    assert runtime.import_session(old) is True
+    assert runtime.import_session(old) is False  # repeatable: the first one stays
+    got = runtime.session("old")
+    assert got is not None and got.title == "Old chat" and got.messages == messages
+    assert got.location == "none"
+    assert "old" in [s.id for s in runtime.sessions()]
+    # the imported conversation goes on like any other
+    follow = Request(messages=(*messages, Message("user", "And now?")), session_id="old")
+    runtime.generate(follow).text()  # type: ignore[attr-defined]
+    got = runtime.session("old")
+    assert got is not None and got.title == "Old chat" and len(got.messages) == 4
+    # search: titles and message text, case-insensitively
+    assert [s.id for s in runtime.sessions("old ANSWER")] == ["old"]
+    assert [s.id for s in runtime.sessions("renamed")] == ["one"]
+    assert runtime.sessions("50%_off") == []

@@ -1,5 +1,6 @@
-"""The app's logic without Qt: the API client, the conversation store, the report
-sentences, the local-server launcher and the model listing. Tested with plain pytest."""
+"""The app's logic without Qt: the API client, where conversations live (the server's
+store, or the app's own file), the report sentences, the local-server launcher and
+the model listing. Tested with plain pytest."""
 
 from .api import DEFAULT_BASE_URL, SESSION_HEADER, ApiClient
 from .errors import (
@@ -17,10 +18,11 @@ from .errors import (
     StoreError,
     describe,
 )
+from .history import History, ServerHistory
 from .launcher import LocalServer, is_loopback, serve_command
 from .memory import MemorySnapshot, TierUsage, parse_stats
 from .models import LocalListing, LocalModels, ModelInfo, merge
-from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_status
+from .report import TIER_LABELS, TIERS, ReplyReport, format_bytes, format_degraded, format_status
 from .store import Conversation, ConversationStore, StoredMessage
 from .types import (
     Backend,
@@ -30,6 +32,7 @@ from .types import (
     Health,
     Sampling,
     ServerSetting,
+    SessionMessage,
     SessionSummary,
     TextDelta,
 )
@@ -53,6 +56,7 @@ __all__ = [
     "DownloadFailed",
     "Finished",
     "Health",
+    "History",
     "LocalListing",
     "LocalModels",
     "LocalServer",
@@ -64,8 +68,10 @@ __all__ = [
     "ReplyReport",
     "Sampling",
     "ServerBusy",
+    "ServerHistory",
     "ServerSetting",
     "ServerUnavailable",
+    "SessionMessage",
     "SessionSummary",
     "StoreError",
     "StoredMessage",
@@ -73,6 +79,7 @@ __all__ = [
     "TierUsage",
     "describe",
     "format_bytes",
+    "format_degraded",
     "format_status",
     "is_loopback",
     "merge",

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -181,10 +182,11 @@ class ApiClient:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"{url} did not return JSON") from exc
 
-    def _warmstart_json(self, method: str, path: str) -> Any | None:
-        """A warmstart-only endpoint; ``None`` when the server does not have it."""
+    def _warmstart_json(self, method: str, path: str, **kwargs: Any) -> Any | None:
+        """A warmstart-only endpoint; ``None`` when the server does not have it (or,
+        for one conversation, does not know it)."""
         try:
-            return self._json(method, f"{self.base_url}/warmstart/{path}")
+            return self._json(method, f"{self.base_url}/warmstart/{path}", **kwargs)
         except ApiError as exc:
             if exc.status in (404, 405, 501):
                 return None
@@ -239,8 +241,9 @@ class ApiClient:
         load_ms = data.get("load_ms")
         return float(load_ms) if isinstance(load_ms, int | float) else 0.0
 
-    def sessions(self) -> list[SessionSummary] | None:
-        data = self._warmstart_json("GET", "sessions")
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
+        params = {"q": search} if search else None
+        data = self._warmstart_json("GET", "sessions", params=params)
         if data is None:
             return None
         items = data.get("data") if isinstance(data, dict) else data
@@ -248,8 +251,20 @@ class ApiClient:
             raise ProtocolError("/warmstart/sessions did not return a list")
         return [SessionSummary.from_json(s) for s in items if isinstance(s, dict)]
 
+    def session(self, session_id: str) -> SessionSummary | None:
+        data = self._warmstart_json("GET", f"sessions/{quote(session_id, safe='')}")
+        return SessionSummary.from_json(data) if isinstance(data, dict) else None
+
     def delete_session(self, session_id: str) -> None:
-        self._warmstart_json("DELETE", f"sessions/{session_id}")
+        self._warmstart_json("DELETE", f"sessions/{quote(session_id, safe='')}")
+
+    def rename_session(self, session_id: str, title: str) -> None:
+        path = f"sessions/{quote(session_id, safe='')}"
+        self._warmstart_json("PATCH", path, json={"title": title})
+
+    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+        data = self._warmstart_json("POST", "sessions/import", json={"sessions": sessions})
+        return data if isinstance(data, dict) else None
 
     def prewarm(self, session_id: str) -> bool:
         """Ask the server to bring a conversation's KV up a tier; False when unsupported

@@ -32,6 +32,9 @@ class TierUsage:
 class MemorySnapshot:
     tiers: dict[str, TierUsage] = field(default_factory=dict)
     misses: int = 0
+    # what runs in a reduced mode, and why: {"disk": "the cache disk is full"} while
+    # the disk tier is off and replies come from RAM alone
+    degraded: dict[str, str] = field(default_factory=dict)
 
     @property
     def lookups(self) -> int:
@@ -54,8 +57,9 @@ def _int(value: Any) -> int:
 
 def parse_stats(data: dict[str, Any]) -> MemorySnapshot:
     """Accepts ``{"tiers": {tier: {used_bytes | bytes, capacity_bytes, sessions,
-    capacity_sessions, tokens}}, "hits": {tier: n, "miss": n}, "misses": n}`` and ignores
-    whatever else the server adds; missing figures read as zero."""
+    capacity_sessions, tokens, degraded, degraded_reason}}, "hits": {tier: n, "miss": n},
+    "misses": n, "degraded": {part: why}}`` and ignores whatever else the server adds;
+    missing figures read as zero."""
     tiers_raw = data.get("tiers")
     tiers_raw = tiers_raw if isinstance(tiers_raw, dict) else {}
     hits_raw = data.get("hits")
@@ -74,4 +78,18 @@ def parse_stats(data: dict[str, Any]) -> MemorySnapshot:
             capacity_sessions=_int(raw.get("capacity_sessions")),
         )
     misses = hits_raw.get("miss", hits_raw.get("misses", data.get("misses")))
-    return MemorySnapshot(tiers=tiers, misses=_int(misses))
+    return MemorySnapshot(tiers=tiers, misses=_int(misses), degraded=_degraded(data, tiers_raw))
+
+
+def _degraded(data: dict[str, Any], tiers_raw: dict[str, Any]) -> dict[str, str]:
+    """``{"degraded": {part: why}}`` (as /health says it), or a tier's own
+    ``degraded: true`` with its ``degraded_reason``."""
+    out: dict[str, str] = {}
+    top = data.get("degraded")
+    if isinstance(top, dict):
+        out.update({str(k): str(v or "") for k, v in top.items() if v})
+    for tier in TIERS:
+        raw = tiers_raw.get(tier)
+        if isinstance(raw, dict) and raw.get("degraded") and tier not in out:
+            out[tier] = str(raw.get("degraded_reason") or "")
+    return out

@@ -159,3 +159,22 @@ def format_bytes(n: float) -> str:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1000
     return f"{n:,.1f} TB"
+
+
+def format_degraded(degraded: dict[str, str]) -> str:
+    """The memory panel's warning while part of the cache is off, e.g. ``Disk tier off:
+    the cache disk is full. Replies come from RAM only; the disk tier comes back by
+    itself once it can write again.``; "" when all is well."""
+    lines = []
+    for part, why in degraded.items():
+        label = TIER_LABELS.get(part, part)
+        name = f"{label[:1].upper()}{label[1:]} tier off"
+        if part == "disk":
+            detail = (
+                "Replies come from RAM only; the disk tier comes back by itself once it "
+                "can write again."
+            )
+        else:
+            detail = "The server runs without it for now."
+        lines.append(f"{name}: {why.rstrip('.') or 'no reason given'}. {detail}")
+    return "\n".join(lines)

@@ -1,8 +1,9 @@
-"""Conversations, their messages and the app's preferences, in one local SQLite file.
+"""The app's preferences, and its own conversations, in one local SQLite file.
 
-The server's sessions only know cached prompts; titles, pins and the text of every
-message are the app's to keep. Used from the GUI thread only (each call is a few
-milliseconds on a local file).
+Against a warmstart server the conversations live in the server's store (see
+:mod:`app.core.history`); this file keeps them only for a plain OpenAI-compatible
+server, which keeps none, and until they are handed over to the app's local server.
+Used from the GUI thread only (each call is a few milliseconds on a local file).
 """
 
 from __future__ import annotations
@@ -102,9 +103,12 @@ class ConversationStore:
 
     # -- conversations ---------------------------------------------------------------
 
-    def create(self, title: str = DEFAULT_TITLE, *, model: str | None = None) -> Conversation:
+    def create(
+        self, title: str = DEFAULT_TITLE, *, model: str | None = None, cid: str | None = None
+    ) -> Conversation:
+        """``cid``: keep a conversation's id (a draft begun before the server answered)."""
         now = time.time()
-        cid = uuid.uuid4().hex
+        cid = cid or uuid.uuid4().hex
         self._write(
             "INSERT INTO conversations (id, title, created, updated, model) VALUES (?,?,?,?,?)",
             (cid, title, now, now, model),

@@ -58,8 +58,16 @@ class Health:
 
 
 @dataclass(frozen=True)
+class SessionMessage:
+    role: str
+    content: str
+    interrupted: bool = False  # a reply cut short: the text is what was shown
+
+
+@dataclass(frozen=True)
 class SessionSummary:
-    """A conversation the server holds KV for, with where that KV lives."""
+    """A conversation the server keeps, with where its KV lives. ``messages`` is filled
+    only when one conversation was asked for (``Backend.session``)."""
 
     id: str
     title: str = ""
@@ -67,6 +75,8 @@ class SessionSummary:
     tiers: dict[str, int] = field(default_factory=dict)
     location: str = "none"
     updated: float = 0.0
+    created: float = 0.0
+    messages: tuple[SessionMessage, ...] = ()
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionSummary:
@@ -77,13 +87,22 @@ class SessionSummary:
         location = data.get("location")
         if location not in (*TIERS, "none"):
             location = next((t for t in TIERS if tiers.get(t)), "none")
+        raw_messages = data.get("messages")
+        messages = tuple(
+            SessionMessage(str(m["role"]), str(m["content"]), bool(m.get("interrupted")))
+            for m in (raw_messages if isinstance(raw_messages, list) else [])
+            if isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role")
+        )
+        updated = float(data.get("updated") or 0.0)
         return cls(
             id=str(data.get("id", "")),
             title=str(data.get("title") or ""),
             n_tokens=int(data.get("n_tokens") or 0),
             tiers=tiers,
             location=str(location),
-            updated=float(data.get("updated") or 0.0),
+            updated=updated,
+            created=float(data.get("created") or updated),
+            messages=messages,
         )
 
 
@@ -128,9 +147,23 @@ class Backend(Protocol):
         sampling: Sampling,
     ) -> ChatStream: ...
 
-    def sessions(self) -> list[SessionSummary] | None: ...
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
+        """The server's conversations, newest first; ``search`` keeps those whose title
+        or messages contain it."""
+        ...
+
+    def session(self, session_id: str) -> SessionSummary | None:
+        """One conversation with its messages; ``None`` when unknown or unsupported."""
+        ...
 
     def delete_session(self, session_id: str) -> None: ...
+
+    def rename_session(self, session_id: str, title: str) -> None: ...
+
+    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Hands conversations kept by the app over to the server (ids kept); returns
+        ``{"imported": [ids], "existing": [ids]}``."""
+        ...
 
     def prewarm(self, session_id: str) -> bool: ...
 

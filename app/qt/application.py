@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings
 from PySide6.QtGui import QCloseEvent, QGuiApplication
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from ..core.api import ApiClient
 from ..core.errors import AppError, UntrustedServer
+from ..core.history import History, ServerHistory, handed_over, to_hand_over
 from ..core.launcher import (
     KEY_FILE,
     LocalServer,
@@ -45,6 +47,7 @@ from .views.settings_dialog import SettingsDialog
 from .workers import Jobs
 
 log = logging.getLogger(__name__)
+LAST_KEY = "last_conversation"  # reopened at the next start (the server's list comes later)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,13 @@ class WarmstartApp:
         self.options = options
         private_dir_files(options.data_dir)
         self.secrets = secrets or KeyringOrFile(options.data_dir)
+        # The app's own file: its preferences, and conversations only for a server that
+        # keeps none. A warmstart server keeps them (self.server_history is the view).
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
+        self.server_history = ServerHistory(self.store)
+        self.history: History = self.server_history  # until the server's kind is known
+        self._shut_down = False
+        self._history_of: Backend | None = None  # the server self.server_history lists
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
         self._server_key = new_key()
@@ -89,11 +98,13 @@ class WarmstartApp:
             on_switched=self._remember_model,
         )
         self.chat = ChatController(
-            self.store, self.connection, self.jobs, lambda: self.prefs,
+            self.history, self.connection, self.jobs, lambda: self.prefs,
             model=self.models.request_model,
         )  # fmt: skip
         self.conversations = ConversationListModel()
-        self.library = LibraryController(self.store, self.conversations, self.connection, self.jobs)
+        self.library = LibraryController(
+            self.history, self.conversations, self.connection, self.jobs
+        )
         self.memory = MemoryController(self.connection, self.jobs)
         self.window = MainWindow(options.scheme)
         self.window.conversations.setModel(self.conversations)
@@ -213,6 +224,7 @@ class WarmstartApp:
         w.search.textChanged.connect(self.library.set_search)
         w.search.textChanged.connect(lambda _t: self._select(chat.current))
         self.library.deleted.connect(self._on_deleted)
+        self.library.synced.connect(self._on_synced)
         self.library.prewarm_progress.connect(self._on_prewarm)
         # memory
         self.memory.snapshot.connect(w.memory.set_snapshot)
@@ -239,6 +251,7 @@ class WarmstartApp:
         models.status.connect(w.status_label.setText)
         picker.set_current(models.current)
         picker.set_can_download(models.can_download)
+        conn.capabilities.connect(self._use_history)
         # actions
         w.new_button.clicked.connect(self.new_conversation)
         w.new_action.triggered.connect(self.new_conversation)
@@ -261,7 +274,7 @@ class WarmstartApp:
         """Show the window at once; connecting (and maybe starting a server) follows."""
         self.window.show()
         self.window.connection_label.setText(self._state_text(self.connection.state))
-        first = self.store.conversations()
+        first = self.history.conversations()
         if first:
             self.chat.open(first[0].id)
         else:
@@ -271,6 +284,9 @@ class WarmstartApp:
         self.memory.start()
 
     def shutdown(self) -> None:
+        if self.history is self.server_history and not self._shut_down:
+            self.store.set_preference(LAST_KEY, self.chat.current)
+        self._shut_down = True  # a second call (the window closing after) writes nothing
         settings = self._settings()
         settings.setValue("geometry", self.window.saveGeometry())
         settings.setValue("state", self.window.saveState())
@@ -281,6 +297,7 @@ class WarmstartApp:
         self.models.shutdown()
         self.connection.shutdown()
         self.jobs.wait(5000)
+        self.jobs.forget()
         self.store.close()
 
     def _on_close(self, event: QCloseEvent) -> None:
@@ -329,7 +346,7 @@ class WarmstartApp:
 
     def _selected_conversation(self) -> Conversation | None:
         cid = self._selected_id()
-        return self.store.get(cid) if cid else None
+        return self.history.get(cid) if cid else None
 
     def _rename_selected(self) -> None:
         conv = self._selected_conversation()
@@ -358,8 +375,93 @@ class WarmstartApp:
 
     def _on_deleted(self, cid: str) -> None:
         if cid == self.chat.current:
-            rest = self.store.conversations()
+            rest = self.history.conversations()
             self.chat.open(rest[0].id if rest else None)
+
+    # -- where conversations live ------------------------------------------------------
+
+    def _use_history(self, warmstart: bool) -> None:
+        """A warmstart server keeps the conversations (the command line's and the API's
+        too); a plain OpenAI-compatible server keeps none, so the app keeps its own."""
+        backend, before = self.connection.backend, self._history_of
+        self._history_of = backend
+        if before is not None and before is not backend:
+            self._fresh_server_history()  # another server (the settings changed)
+        target: History = self.server_history if warmstart else self.store
+        if target is not self.history:
+            if not warmstart:
+                self._keep_drafts_here()
+            self.history = target
+            self.chat.set_history(target)
+            self.library.set_history(target)
+            first = target.conversations()
+            if not warmstart and first and self._untouched():
+                self.chat.open(first[0].id)  # the app's own list is here at once
+            self._select(self.chat.current)
+        if warmstart and is_loopback(self.connection.backend.base_url):
+            self._hand_over()
+
+    def _fresh_server_history(self) -> None:
+        """The new server's list, not the last one's."""
+        old, self.server_history = self.server_history, ServerHistory(self.store)
+        if self.history is old:
+            self.history = self.server_history
+            self.chat.set_history(self.server_history)
+            self.library.set_history(self.server_history)
+
+    def _keep_drafts_here(self) -> None:
+        """Conversations begun before the server answered move to the app's own file."""
+        for conv in self.server_history.conversations():
+            messages = self.server_history.messages(conv.id)
+            if self.server_history.is_draft(conv.id) and self.store.get(conv.id) is None:
+                self.store.create(conv.title, model=conv.model, cid=conv.id)
+                for m in messages:
+                    self.store.append(conv.id, m.role, m.content, m.report)
+
+    def _hand_over(self) -> None:
+        """The conversations in the app's own file move to the server on this machine,
+        once: each leaves the file when the server has it (see history.handed_over)."""
+        kept = to_hand_over(self.store)
+        if not kept and not self.store.conversations():
+            return
+        backend = self.connection.backend
+
+        def done(result: dict[str, Any] | None) -> None:
+            held = handed_over(self.store, self.server_history, result)
+            log.info("handed %d conversations over to the server", held)
+            self.library.reload()  # their pins
+            self.memory.refresh()
+
+        self.jobs.submit(
+            lambda: backend.import_sessions(kept) if kept else {},
+            done,
+            lambda exc: log.warning("conversations stay in the app's file for now: %s", exc),
+        )
+
+    def _on_synced(self, suspects: set[str]) -> None:
+        """After a listing from the server: reread what changed, resume the
+        conversation open when the app last closed, reselect."""
+        self.chat.check_changed(suspects)
+        self._resume_last()
+        self._select(self.chat.current)
+
+    def _resume_last(self) -> None:
+        """The server's list comes after the window: the last conversation is opened
+        then, unless the user has begun something (a new one, or typing) meanwhile."""
+        last = self.store.preference(LAST_KEY)
+        if last is None:
+            return
+        self.store.set_preference(LAST_KEY, None)  # once: later it is the user's choice
+        if self._untouched() and self.history.get(last) is not None:
+            self.chat.open(last)
+
+    def _untouched(self) -> bool:
+        """No conversation open, none on its way, nothing typed."""
+        return (
+            self.chat.current is None
+            and not self.chat.busy
+            and not self.window.chat.composer.toPlainText().strip()
+        )
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.prefs, self.window)

@@ -65,6 +65,11 @@ class Jobs(QObject):
     def wait(self, msecs: int = -1) -> bool:
         return self.pool.waitForDone(msecs)
 
+    def forget(self) -> None:
+        """Drops the callbacks of the jobs still out, or whose answers are still queued:
+        once the window is gone, those answers have nobody to go to."""
+        self._callbacks.clear()
+
 
 class StreamRunner(QObject):
     """Iterates one :class:`ChatStream` on a pool thread; signals arrive on the GUI thread."""

@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
-from ..types import Message, Request, Sampling, Tool, ToolCall
+from ..types import Message, Request, Sampling, SessionInfo, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512
@@ -418,3 +418,38 @@ class LoadModelRequest(_Body):
     """``POST /v1/warmstart/models/load``: the installed model to switch to."""
 
     model: Annotated[Text, Field(min_length=1, max_length=256)]
+
+
+TITLE = Annotated[Text, Field(max_length=200)]
+
+
+class SessionPatch(_Body):
+    """``PATCH /v1/warmstart/sessions/{id}``: what a client may change."""
+
+    title: Annotated[Text, Field(min_length=1, max_length=200)]
+
+
+class KeptMessage(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: Text
+    interrupted: bool = False
+
+
+class KeptSession(_Body):
+    """A conversation a client kept itself (the app's old database)."""
+
+    id: SESSION_ID
+    title: TITLE = ""
+    created: float = Field(ge=0)
+    updated: float = Field(ge=0)
+    messages: Annotated[list[KeptMessage], Field(max_length=100_000)] = []
+
+    def to_info(self) -> SessionInfo:
+        messages = tuple(Message(m.role, m.content, m.interrupted) for m in self.messages)
+        return SessionInfo(self.id, self.title, self.created, self.updated, 0, {}, messages)
+
+
+class SessionImport(_Body):
+    """``POST /v1/warmstart/sessions/import``: conversations to add, ids kept."""
+
+    sessions: Annotated[list[KeptSession], Field(max_length=10_000)]

@@ -7,9 +7,9 @@ FastAPI runs in its thread pool.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ..service import Runtime
@@ -17,7 +17,7 @@ from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
 from ._replies import message_json
-from ._schemas import LoadModelRequest
+from ._schemas import LoadModelRequest, SessionImport, SessionPatch
 from ._state import ERRORS, state
 
 # Settings whose values never leave the server.
@@ -66,10 +66,13 @@ def build_router() -> APIRouter:
     router = APIRouter(prefix="/v1/warmstart", tags=["warmstart"])
 
     @router.get("/sessions")
-    def list_sessions(request: Request) -> dict[str, Any]:
-        """Known conversations, newest first, with their cached tokens per tier."""
+    def list_sessions(
+        request: Request, q: Annotated[str, Query(max_length=200)] = ""
+    ) -> dict[str, Any]:
+        """Known conversations, newest first, with their cached tokens per tier; ``q``
+        keeps those whose title or messages contain it."""
         with state(request).using() as runtime:
-            infos = runtime.sessions()
+            infos = runtime.sessions(q)
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id}", responses=ERRORS)
@@ -85,6 +88,26 @@ def build_router() -> APIRouter:
             if not runtime.delete_session(session_id):
                 _known(runtime, session_id)  # raises the 404
         return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
+
+    @router.patch("/sessions/{session_id}", responses=ERRORS)
+    def patch_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
+        """Renames a conversation; its later turns keep the new title."""
+        with state(request).using() as runtime:
+            if not runtime.rename_session(session_id, body.title.strip() or body.title):
+                _known(runtime, session_id)  # raises the 404
+            return _session(_known(runtime, session_id), messages=False)
+
+    @router.post("/sessions/import", responses=ERRORS)
+    def import_sessions(body: SessionImport, request: Request) -> dict[str, Any]:
+        """Adds conversations a client kept itself (the app's database before the server
+        kept them all), ids and messages as given, without KV. An id already known is
+        left unchanged, so an import that was cut short can simply be sent again."""
+        added: list[str] = []
+        existing: list[str] = []
+        with state(request).using() as runtime:
+            for kept in body.sessions:
+                (added if runtime.import_session(kept.to_info()) else existing).append(kept.id)
+        return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
 
     @router.post("/sessions/{session_id}/prewarm", responses=ERRORS)
     def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:

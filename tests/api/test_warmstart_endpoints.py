@@ -39,6 +39,50 @@ def test_session_lifecycle(server: Server) -> None:
     assert httpx.get(f"{server.v1}/warmstart/sessions/{session}").status_code == 404
 
 
+def test_rename_keeps_the_title_across_turns(server: Server) -> None:
+    session = f"rename-{uuid.uuid4()}"
+    _talk(server, session)
+    url = f"{server.v1}/warmstart/sessions/{session}"
+    renamed = httpx.patch(url, json={"title": "My own title"})
+    assert renamed.status_code == 200, renamed.text
+    assert renamed.json()["title"] == "My own title"
+    _talk(server, session)
+    assert httpx.get(url).json()["title"] == "My own title"
+    assert httpx.patch(url, json={"title": ""}).status_code == 400
+    missing = httpx.patch(
+        f"{server.v1}/warmstart/sessions/nobody-{uuid.uuid4()}", json={"title": "x"}
+    )
+    assert missing.status_code == 404
+
+
+def test_import_adds_conversations_once(server: Server) -> None:
+    kept = {
+        "id": f"old-{uuid.uuid4()}",
+        "title": "From the old app",
+        "created": 1_700_000_000.0,
+        "updated": 1_700_000_100.0,
+        "messages": [
+            {"role": "user", "content": "What is a KV cache?"},
+            {"role": "assistant", "content": "Keys and values.", "interrupted": True},
+        ],
+    }
+    url = f"{server.v1}/warmstart/sessions/import"
+    first = httpx.post(url, json={"sessions": [kept]})
+    assert first.status_code == 200, first.text
+    assert first.json()["imported"] == [kept["id"]] and first.json()["existing"] == []
+    again = httpx.post(url, json={"sessions": [{**kept, "title": "changed"}]}).json()
+    assert again["imported"] == [] and again["existing"] == [kept["id"]]
+    one = httpx.get(f"{server.v1}/warmstart/sessions/{kept['id']}").json()
+    assert one["title"] == "From the old app" and one["updated"] == kept["updated"]
+    assert one["messages"] == kept["messages"]
+    listed = httpx.get(server.v1 + "/warmstart/sessions").json()["data"]
+    assert kept["id"] in {s["id"] for s in listed}
+    found = httpx.get(server.v1 + "/warmstart/sessions", params={"q": "keys AND"}).json()
+    assert [s["id"] for s in found["data"]] == [kept["id"]]
+    bad = {**kept, "messages": [{"role": "tool", "content": "x"}]}
+    assert httpx.post(url, json={"sessions": [bad]}).status_code == 400
+
+
 def test_stats_and_settings(server: Server) -> None:
     _talk(server, f"stats-{uuid.uuid4()}")
     stats = httpx.get(server.v1 + "/warmstart/stats").json()

@@ -14,6 +14,7 @@ from warmstart.app.core.types import (
     Health,
     Sampling,
     ServerSetting,
+    SessionMessage,
     SessionSummary,
     TextDelta,
 )
@@ -64,6 +65,9 @@ class FakeBackend:
         self.known: dict[str, int] = {}
         self.prewarmed: list[str] = []
         self.deleted: list[str] = []
+        # what a warmstart server keeps of each conversation: its messages and title
+        self.kept: dict[str, dict[str, Any]] = {}
+        self.imports: list[list[dict[str, Any]]] = []
 
     def _check(self) -> None:
         if not self.up:
@@ -98,6 +102,12 @@ class FakeBackend:
         cached = self.known.get(session_id, 0)
         prompt = sum(len(m["content"].split()) + 4 for m in messages)
         self.known[session_id] = prompt + len(self.reply)
+        entry = self.kept.setdefault(session_id, {"title": "", "created": 1.0})
+        entry["title"] = entry["title"] or next(
+            (m["content"][:60] for m in messages if m["role"] == "user"), ""
+        )
+        entry["messages"] = [*messages, {"role": "assistant", "content": "".join(self.reply)}]
+        entry["updated"] = float(len(self.requests))  # a clock the tests control
         report = ReplyReport(
             prompt_tokens=prompt,
             completion_tokens=len(self.reply),
@@ -110,17 +120,60 @@ class FakeBackend:
         )
         return FakeStream(list(self.reply), report, self.gate, self.up)
 
-    def sessions(self) -> list[SessionSummary] | None:
+    def sessions(self, search: str = "") -> list[SessionSummary] | None:
         self._check()
         if not self.warmstart:
             return None
+        needle = search.casefold()
         return [
-            SessionSummary(id=k, n_tokens=n, tiers={"ram": n}, location="ram")
-            for k, n in self.known.items()
+            self._summary(k)
+            for k, entry in self.kept.items()
+            if needle
+            in " ".join([entry["title"], *(m["content"] for m in entry["messages"])]).casefold()
         ]
+
+    def _summary(self, sid: str, messages: bool = False) -> SessionSummary:
+        entry, n = self.kept[sid], self.known.get(sid, 0)
+        return SessionSummary(
+            id=sid,
+            title=entry["title"],
+            n_tokens=n,
+            tiers={"ram": n},
+            location="ram" if n else "none",
+            updated=entry["updated"],
+            created=entry["created"],
+            messages=tuple(
+                SessionMessage(m["role"], m["content"]) for m in entry["messages"] if messages
+            ),
+        )
+
+    def session(self, session_id: str) -> SessionSummary | None:
+        self._check()
+        if not self.warmstart or session_id not in self.kept:
+            return None
+        return self._summary(session_id, messages=True)
 
     def delete_session(self, session_id: str) -> None:
         self.deleted.append(session_id)
+        self.kept.pop(session_id, None)
+        self.known.pop(session_id, None)
+
+    def rename_session(self, session_id: str, title: str) -> None:
+        if session_id in self.kept:
+            self.kept[session_id]["title"] = title
+
+    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+        self._check()
+        if not self.warmstart:
+            return None
+        self.imports.append(sessions)
+        new = [s for s in sessions if s["id"] not in self.kept]
+        for s in new:
+            self.kept[s["id"]] = {k: s[k] for k in ("title", "created", "updated", "messages")}
+        return {
+            "imported": [s["id"] for s in new],
+            "existing": [s["id"] for s in sessions if s not in new],
+        }
 
     def prewarm(self, session_id: str) -> bool:
         self.prewarmed.append(session_id)

@@ -31,7 +31,7 @@ from warmstart.app.core.sse import DONE, iter_sse_json
 
 def test_public_names_are_all_exported():
     public = {n for n in dir(app_core) if not n.startswith("_")}
-    modules = {"api", "errors", "launcher", "memory", "migrations", "models", "paths"}
+    modules = {"api", "errors", "history", "launcher", "memory", "migrations", "models", "paths"}
     modules |= {"preferences"}
     modules |= {"private", "report", "secret_store", "sse", "store", "types"}
     assert public - modules == set(app_core.__all__)
@@ -238,6 +238,29 @@ def test_stats_are_read_tolerantly():
     snap = parse_stats(runtime_shape)
     assert snap.tiers["live"].fill == 0.5 and snap.tiers["live"].used_bytes == 9
     assert snap.hit_rate("live") == 3 / 8
+
+
+def test_a_degraded_disk_tier_is_read_and_said():
+    from warmstart.app.core.report import format_degraded
+
+    # the runtime's stats: the tier says it, with its reason
+    snap = parse_stats(
+        {"tiers": {"disk": {"degraded": True, "degraded_reason": "the cache disk is full"}}}
+    )
+    assert snap.degraded == {"disk": "the cache disk is full"}
+    # /health's shape, and a tier that says nothing more
+    assert parse_stats({"degraded": {"disk": "read-only"}}).degraded == {"disk": "read-only"}
+    assert parse_stats({"tiers": {"disk": {"degraded": True}}}).degraded == {"disk": ""}
+    assert (
+        parse_stats({"tiers": {"disk": {"degraded": False, "degraded_reason": None}}}).degraded
+        == {}
+    )
+    text = format_degraded(snap.degraded)
+    assert text.startswith("Disk tier off: the cache disk is full. Replies come from RAM only")
+    assert "comes back" in text
+    assert format_degraded({"disk": ""}).startswith("Disk tier off: no reason given.")
+    assert format_degraded({"ram": "x"}).startswith("RAM tier off: x.")
+    assert format_degraded({}) == ""
 
 
 def test_status_line_variants():

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from PySide6.QtCore import QObject, Signal
 
 from ...core.errors import describe
+from ...core.history import History, ServerHistory
 from ...core.preferences import Preferences
 from ...core.report import ReplyReport, format_status
-from ...core.store import DEFAULT_TITLE, ConversationStore, StoredMessage
+from ...core.store import DEFAULT_TITLE, StoredMessage
+from ...core.types import Backend, SessionSummary
 from ..workers import Jobs, StreamRunner
 from .connection import ConnectionController
 
@@ -37,7 +39,7 @@ class ChatController(QObject):
 
     def __init__(
         self,
-        store: ConversationStore,
+        store: History,
         connection: ConnectionController,
         jobs: Jobs,
         preferences: Callable[[], Preferences],
@@ -48,7 +50,7 @@ class ChatController(QObject):
         """``model``: the model requests name (the picker's, once the server has it);
         by default the preferences' own."""
         super().__init__(parent)
-        self._store = store
+        self._store = store  # swapped by set_history when the server's kind is known
         self._connection = connection
         self._jobs = jobs
         self._prefs = preferences
@@ -59,6 +61,7 @@ class ChatController(QObject):
         self._partial: list[str] = []
         self._pending: str | None = None  # a conversation waiting for the server
         self._editing: int | None = None  # position of the user message being edited
+        self._loading: str | None = None  # a conversation whose messages are on their way
         connection.became_ready.connect(self._resume_pending)
 
     @property
@@ -80,9 +83,23 @@ class ChatController(QObject):
         self.open(conv.id)
         return conv.id
 
+    def set_history(self, history: History) -> None:
+        """Conversations now live in ``history`` (the server's, or the app's own)."""
+        if history is self._store:
+            return
+        self._store = history
+        self._loading = None
+        keep = self.current if self.current and history.get(self.current) else None
+        if keep is None and self._pending is not None:
+            self.stop()  # its conversation is not in the new history
+        self.open(keep)
+
     def open(self, cid: str | None) -> None:
         self._editing = None
         self.current = cid
+        history = self._store
+        if cid and isinstance(history, ServerHistory) and not history.loaded(cid):
+            self._load(cid)
         self.opened.emit(cid or "", self._store.messages(cid) if cid else [])
         if cid and cid == self._streaming_cid:
             self.reply_started.emit()
@@ -92,12 +109,89 @@ class ChatController(QObject):
     def messages(self) -> list[StoredMessage]:
         return self._store.messages(self.current) if self.current else []
 
+    # -- the server's copy ---------------------------------------------------------------
+
+    def _load(self, cid: str) -> None:
+        """Reads a conversation's messages from the server; it opens empty until then."""
+        self._loading = cid
+        self.status.emit("Loading the conversation…")
+        backend = self._connection.backend
+        self._jobs.submit(
+            lambda: backend.session(cid),
+            lambda session: self._on_loaded(cid, session),
+            lambda exc: self._on_load_failed(cid, exc),
+        )
+
+    def _unread(self) -> bool:
+        """True while the open conversation's messages are not here yet (read again if
+        the last try failed): a turn sent now would overwrite the server's copy with a
+        partial one."""
+        history, cid = self._store, self.current
+        if cid is None or not isinstance(history, ServerHistory) or history.loaded(cid):
+            return False
+        if self._loading != cid:
+            self._load(cid)
+        self.status.emit("Still loading this conversation from the server…")
+        return True
+
+    def _on_loaded(self, cid: str, session: SessionSummary | None) -> None:
+        history = self._store
+        if self._loading != cid or not isinstance(history, ServerHistory):
+            return
+        self._loading = None
+        if session is None:
+            self.status.emit("The server no longer has this conversation.")
+            return
+        messages = history.set_messages(cid, session)
+        self.status.emit("")
+        if cid == self.current:
+            self.opened.emit(cid, messages)
+
+    def _on_load_failed(self, cid: str, exc: BaseException) -> None:
+        if self._loading == cid:
+            self._loading = None
+            self.error.emit(describe(exc))
+            self._connection.report_error(exc)
+
+    def check_changed(self, suspects: set[str]) -> None:
+        """The server saved these opened conversations again (our own reply, or another
+        client going on with one): each is read again, and the open one shown anew if
+        it differs. What is here stays meanwhile (mostly it is the same)."""
+        history = self._store
+        if not isinstance(history, ServerHistory):
+            return
+        backend = self._connection.backend
+        for cid in suspects:
+            self._reread(backend, cid)
+
+    def _reread(self, backend: Backend, cid: str) -> None:
+        self._jobs.submit(
+            lambda: backend.session(cid),
+            lambda session: self._on_refreshed(cid, session),
+            lambda exc: log.info("could not read conversation %s again: %s", cid, exc),
+        )
+
+    def _on_refreshed(self, cid: str, session: SessionSummary | None) -> None:
+        history = self._store
+        if session is None or not isinstance(history, ServerHistory):
+            return
+        # a turn of ours on its way (the server's copy is about to change), or an edit
+        # under way: left as it is, and compared again at the next listing
+        if cid in (self._streaming_cid, self._pending) or (
+            cid == self.current and self._editing is not None
+        ):
+            return
+        if history.refresh(cid, session) and cid == self.current:
+            self.opened.emit(cid, history.messages(cid))
+
     # -- sending -----------------------------------------------------------------------
 
     def send(self, text: str) -> bool:
         """Add the user's message and ask for a reply; False when it cannot be sent now."""
         text = text.strip()
         if not text or self.busy:
+            return False
+        if self._unread():
             return False
         cid = self.current or self.new_conversation()
         conv = self._store.get(cid)
@@ -123,6 +217,8 @@ class ChatController(QObject):
     def regenerate(self) -> bool:
         msgs = self.messages()
         if self.busy or not msgs or self.current is None:
+            return False
+        if self._unread():
             return False
         if msgs[-1].role == "assistant":
             self._store.truncate(self.current, msgs[-1].position)
@@ -167,6 +263,8 @@ class ChatController(QObject):
         stream = self._connection.backend.chat(
             history, session_id=cid, model=self._model(), sampling=prefs.sampling
         )
+        if isinstance(self._store, ServerHistory):
+            self._store.hold(cid)
         runner = StreamRunner(stream, self._jobs.pool, self)
         runner.delta.connect(self._on_delta)
         runner.finished.connect(lambda report: self._on_finished(cid, report))
@@ -197,6 +295,7 @@ class ChatController(QObject):
     def _on_finished(self, cid: str, report: ReplyReport) -> None:
         text = self._end_stream()
         msg = self._store.append(cid, "assistant", text, report) if text else None
+        self._release(cid)
         if cid == self.current:
             self.reply_finished.emit(msg)
         self.status.emit(format_status(report))
@@ -208,6 +307,7 @@ class ChatController(QObject):
         log.info("reply failed: %s", exc)
         # Keep what already arrived: the user can regenerate, or read what was there.
         msg = self._store.append(cid, "assistant", text) if text else None
+        self._release(cid)
         if cid == self.current:
             self.reply_finished.emit(msg)
         # The connection first: a lost server turns it "down" before the reason shows,
@@ -215,3 +315,7 @@ class ChatController(QObject):
         self._connection.report_error(exc)
         self.error.emit(describe(exc))
         self.status.emit("The reply failed.")
+
+    def _release(self, cid: str) -> None:
+        if isinstance(self._store, ServerHistory):
+            self._store.release(cid)

@@ -82,12 +82,24 @@ class ConnectionController(QObject):
         self._in_flight = True
         self._jobs.submit(self._probe, self._on_health, self._on_health_error)
 
-    def _probe(self) -> Health:
+    def _probe(self) -> tuple[Health, bool | None]:
         backend = self.backend
         health = backend.health()
         if health.ready:
             backend.verify()
-        return health
+        return health, self._ask_capabilities(backend, health)
+
+    def _ask_capabilities(self, backend: Backend, health: Health) -> bool | None:
+        """Whether the server has warmstart's own endpoints, asked (on a worker thread)
+        before "ready" is announced: where conversations live depends on it, and a
+        message may go out at once. ``None``: not asked now, or no answer."""
+        if not health.ready or self.state == READY:
+            return None
+        try:
+            return backend.sessions() is not None
+        except AppError as exc:
+            log.info("could not tell the server's kind yet: %s", exc)
+            return None
 
     def report_error(self, exc: BaseException) -> None:
         """Another controller's request failed; a lost server switches us to 'down'."""
@@ -112,10 +124,11 @@ class ConnectionController(QObject):
     def _schedule(self) -> None:
         self._timer.start(self._poll_ready_ms if self.state == READY else self._poll_down_ms)
 
-    def _on_health(self, health: Health) -> None:
+    def _on_health(self, result: tuple[Health, bool | None]) -> None:
         self._in_flight = False
+        health, capable = result
         if health.ready:
-            self._on_ready(health)
+            self._on_ready(health, capable)
         else:
             self._set_state(CONNECTING, f"Loading {health.model or 'the model'}…")
             self.progress.emit(f"Loading {health.model or 'the model'}…", health.progress)
@@ -139,18 +152,24 @@ class ConnectionController(QObject):
             self._set_state(DOWN, describe(exc))
         self._schedule()
 
-    def _on_ready(self, health: Health) -> None:
+    def _on_ready(self, health: Health, capable: bool | None = None) -> None:
         was_ready = self.state == READY
         self.health = health
+        if not was_ready and capable is not None:
+            self._set_capable(capable)  # before anyone hears "ready"
         self._set_state(READY, "")
         if not was_ready:
             self.progress.emit("", 1.0)
             self.became_ready.emit(health)
-            self._jobs.submit(self.backend.sessions, self._on_sessions, lambda _e: None)
+            if capable is None:
+                self._jobs.submit(self.backend.sessions, self._on_sessions, lambda _e: None)
 
     def _on_sessions(self, sessions: object) -> None:
-        self.is_warmstart = sessions is not None
-        self.capabilities.emit(self.is_warmstart)
+        self._set_capable(sessions is not None)
+
+    def _set_capable(self, capable: bool) -> None:
+        self.is_warmstart = capable
+        self.capabilities.emit(capable)
 
     def _launch(self) -> None:
         assert self._launcher is not None
@@ -158,7 +177,7 @@ class ConnectionController(QObject):
         self._set_state(STARTING, "Starting the local warmstart server…")
         server, backend = self._local, self.backend
 
-        def run() -> Health:
+        def run() -> tuple[Health, bool | None]:
             server.start()
             try:
                 health = server.wait_ready(
@@ -167,13 +186,13 @@ class ConnectionController(QObject):
             finally:
                 server.forget_key_file()  # read at its start; nobody needs it again
             backend.verify()
-            return health
+            return health, self._ask_capabilities(backend, health)
 
         self._jobs.submit(run, self._on_launched, self._on_launch_failed)
 
-    def _on_launched(self, health: Health) -> None:
+    def _on_launched(self, result: tuple[Health, bool | None]) -> None:
         self.state = CONNECTING  # leave STARTING so _on_ready announces the change
-        self._on_ready(health)
+        self._on_ready(*result)
         self._schedule()
 
     def _on_launch_failed(self, exc: BaseException) -> None:

@@ -17,11 +17,12 @@ from PySide6.QtWidgets import (
 )
 
 from ...core.memory import MemorySnapshot, TierUsage
-from ...core.report import TIERS, ReplyReport, format_bytes, format_status
+from ...core.report import TIERS, ReplyReport, format_bytes, format_degraded, format_status
 from ..controllers.memory import ReplyPoint
 from ..models import LOCATION_COLORS
 
 TIER_TITLES = {"live": "Live context", "ram": "RAM pool", "disk": "Disk"}
+DEGRADED_COLOR = "#c0392b"  # reads on the light and the dark theme
 
 
 class TtftPlot(QWidget):
@@ -98,6 +99,15 @@ class MemoryPanel(QWidget):
         self.unsupported.setObjectName("muted")
         self.unsupported.hide()
         layout.addWidget(self.unsupported)
+        # Part of the cache is off (the disk full, read-only, damaged): said at the top,
+        # in the warning colour, with the server's reason.
+        self.degraded = QLabel("")
+        self.degraded.setObjectName("degraded")
+        self.degraded.setWordWrap(True)
+        self.degraded.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.degraded.setStyleSheet(f"color: {DEGRADED_COLOR}; font-weight: bold;")
+        self.degraded.hide()
+        layout.addWidget(self.degraded)
         self.tiers_box = QFrame()
         grid = QGridLayout(self.tiers_box)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -147,6 +157,9 @@ class MemoryPanel(QWidget):
         self.unsupported.setVisible(snap is None)
         self.tiers_box.setVisible(snap is not None)
         self.misses.setVisible(snap is not None)
+        warning = format_degraded(snap.degraded) if snap is not None else ""
+        self.degraded.setText(f"⚠ {warning}" if warning else "")
+        self.degraded.setVisible(bool(warning))
         if snap is None:
             return
         for tier in TIERS:
