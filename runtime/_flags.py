@@ -65,6 +65,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "body_timeout",
         "keep_alive_timeout",
         "send_timeout",
+        "switch_wait_s",
     ),
 }
 TITLES = {

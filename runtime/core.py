@@ -27,7 +27,7 @@ from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
 from .engine._sampling import check_grammar, check_logit_bias
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
-from .errors import Busy, ContextOverflow, DiskUnavailable, RequestError
+from .errors import Busy, ContextOverflow, DiskUnavailable, EngineError, RequestError
 from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
@@ -210,6 +210,8 @@ class LocalRuntime:
     def _check_room(self) -> None:
         """Busy before any work: tokenizing a large prompt must not precede the 429."""
         with self._cv:
+            if self._closing:  # no worker will take it: refuse rather than hang
+                raise EngineError("the model was unloaded; send the request again")
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
 
@@ -245,6 +247,8 @@ class LocalRuntime:
         stream = QueueStream()
         self._streams.add(stream)
         with self._cv:
+            if self._closing:
+                raise EngineError("the model was unloaded; send the request again")
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
             history = whole if trimmed else None
@@ -301,7 +305,9 @@ class LocalRuntime:
             with self._cv:
                 while not (self._closing or self._waiting or self._calls or active):
                     self._cv.wait()
-                if self._closing and not active and not self._calls:
+                # close() drains: a job still waiting (cancelled by a model switch, say)
+                # is admitted and ends, never left without its Done
+                if self._closing and not active and not self._calls and not self._waiting:
                     return
                 while self._waiting and len(active) < self.tuning.resident_sequences:
                     job = self._waiting.popleft()

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
@@ -144,6 +145,15 @@ def open_runtime(
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
+
+
+def model_opener(settings: Settings, progress: Say | None = None) -> Callable[[Path], LocalRuntime]:
+    """Opens another model file with the same settings (the server's model switch)."""
+
+    def open_model(path: Path) -> LocalRuntime:
+        return open_runtime(settings.model_copy(update={"model": str(path)}), progress)
+
+    return open_model
 
 
 def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:

@@ -328,6 +328,10 @@ class FakeRuntime:
         for job in jobs:
             job.stream.cancel()
 
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._active and not self._waiting, timeout)
+
     def close(self) -> None:
         """Stops the worker; replies still pending end as cancelled. Idempotent."""
         with self._cond:
@@ -425,12 +429,14 @@ class FakeRuntime:
                     if self._step(job):
                         with self._cond:
                             self._active.remove(job)
+                            self._cond.notify_all()  # wait_idle
             except Exception as exc:  # a bug here must not hang every client
                 log.exception("fake runtime worker failed")
                 for job in round_jobs:
                     job.stream.fail(exc)
                 with self._cond:
                     self._active.clear()
+                    self._cond.notify_all()
             if self.token_delay:
                 time.sleep(self.token_delay)
 

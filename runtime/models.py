@@ -168,7 +168,13 @@ class ModelManager:
             )
         if spec.startswith(("hf:", "https://", "http://")):
             return self.pull(spec) if auto_pull else self._pulled(spec)
-        for candidate in (Path(spec).expanduser(), self.models_dir / spec):
+        # a path, a file in the models directory, or its name there (the file without
+        # .gguf: how /v1/models lists a file that is neither known nor in the catalogue)
+        for candidate in (
+            Path(spec).expanduser(),
+            self.models_dir / spec,
+            self.models_dir / f"{spec}.gguf",
+        ):
             if candidate.is_file():
                 return check_gguf(candidate)
         raise ModelNotFound(
@@ -205,6 +211,8 @@ class ModelManager:
         """Deletes a pulled model (by name or file name) and any partial download of it."""
         named = KNOWN.get(name) or self.catalogue.get(name)
         filename = self.path_of(named).name if named is not None else Path(name).name
+        if not filename.endswith(".gguf") and (self.models_dir / f"{filename}.gguf").is_file():
+            filename += ".gguf"  # the name /v1/models lists it by
         paths = [self.models_dir / filename, self.models_dir / (filename + ".part")]
         removed = tuple(p for p in paths if p.is_file())
         if not removed:
@@ -234,13 +242,22 @@ class DigestCache:
     def __init__(self, file: Path) -> None:
         self.file = file
 
-    def digest(self, path: Path) -> str:
+    def _key_and_known(self, path: Path) -> tuple[str, dict[str, str]]:
         st = path.stat()
         key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
         try:
             known = json.loads(self.file.read_text())
         except (OSError, ValueError):
             known = {}
+        return key, known
+
+    def known(self, path: Path) -> str | None:
+        """The digest when it was computed before, else None (never hashes: listings)."""
+        key, known = self._key_and_known(path)
+        return str(known[key]) if key in known else None
+
+    def digest(self, path: Path) -> str:
+        key, known = self._key_and_known(path)
         if key in known:
             return str(known[key])
         digest = file_sha256(path)

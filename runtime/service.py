@@ -41,7 +41,10 @@ class Runtime(Protocol):
       RequestError (param ``input``) for an empty text or one too long to embed.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
       down); each stream still ends with its Done.
-    - ``close()`` stops the worker and flushes the disk tier; idempotent.
+    - ``wait_idle(timeout)`` waits until every submitted request has finished;
+      False when ``timeout`` seconds passed first (a model switch bounds its wait).
+    - ``close()`` stops the worker and flushes the disk tier; idempotent. A request
+      submitted after close() is refused (a WarmstartError), never left waiting.
     """
 
     model_id: str
@@ -72,6 +75,8 @@ class Runtime(Protocol):
     def degraded(self) -> dict[str, str]: ...
 
     def cancel_all(self) -> None: ...
+
+    def wait_idle(self, timeout: float | None = None) -> bool: ...
 
     def clear_cache(self) -> None: ...
 

@@ -156,6 +156,14 @@ class Settings(BaseSettings):
         "written (full, read-only, damaged); meanwhile the cache runs from RAM",
     )
 
+    switch_wait_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="seconds a switch to another model waits for the replies in progress "
+        "before cancelling them",
+    )
+
     # the HTTP API
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8765, ge=0, le=65535, description="port to bind")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.errors import ContextOverflow, RequestError
+from warmstart.runtime.errors import ContextOverflow, RequestError, WarmstartError
 from warmstart.runtime.service import Runtime
 from warmstart.runtime.types import Done, Message, Request, Sampling, Token
 
@@ -54,6 +54,17 @@ def test_bad_requests_fail_before_any_work(runtime: Runtime) -> None:
         runtime.generate(Request(messages=ask("x").messages, sampling=Sampling(max_tokens=0)))
     with pytest.raises(ContextOverflow):
         runtime.generate(ask("word " * 2000))
+
+
+def test_wait_idle_then_close_refuses_new_work(runtime: Runtime) -> None:
+    """What a model switch relies on: it waits for the replies in progress (bounded),
+    closes the runtime, and a request that raced it is refused, never left waiting."""
+    stream = runtime.generate(ask("Say hello."))
+    text = "".join(e.text for e in stream if isinstance(e, Token))
+    assert text and runtime.wait_idle(60)
+    runtime.close()
+    with pytest.raises(WarmstartError):
+        runtime.generate(ask("Say hello again."))
 
 
 def test_cancel_ends_the_stream(runtime: Runtime) -> None:

@@ -12,15 +12,19 @@ from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
 from ._ollama_stream import OllamaErrorMiddleware
-from ._state import AppState
+from ._state import AppState, LoadedStats, Opener, loaded_model
 
 DESCRIPTION = """An OpenAI-compatible API over a local model whose KV cache is kept in
 tiers (live context, RAM pool, disk). Every reply reports how many prompt tokens came
 from the cache in `usage.prompt_tokens_details.cached_tokens` and in `x_warmstart`."""
 
 
-def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = None) -> FastAPI:
     """An ASGI app serving ``runtime``. The caller owns the runtime (and closes it).
+
+    With ``opener`` (a model file -> a runtime), a request naming another installed
+    model switches to it: the app then owns whichever runtime is loaded
+    (``app.state.warmstart.runtime``), and closes the one it replaces.
 
     Middleware, outermost first: Ollama's error shape on /api/ routes, the Host and
     Origin guard (403 before anything else, see _guard.py), CORS (only when
@@ -28,7 +32,10 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     (only when ``settings.api_key``; before the body is read), body size limit.
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
-    app.state.warmstart = AppState(settings=settings, runtime=runtime, metrics=Metrics(runtime))
+    path, name = loaded_model(settings, runtime) if opener else (None, runtime.model_id)
+    metrics = Metrics(LoadedStats(lambda: st.settled()))  # the loaded runtime's at a scrape
+    st = AppState(settings, runtime, metrics, opener=opener, model_path=path, model_name=name)
+    app.state.warmstart = st
     _errors.install(app)
     app.include_router(_openai.build_router())
     app.include_router(_embeddings.build_router())
@@ -42,7 +49,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     )
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
-    app.add_middleware(CountingMiddleware, metrics=app.state.warmstart.metrics)
+    app.add_middleware(CountingMiddleware, metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -71,7 +71,13 @@ async def embed(st: AppState, model: str | None, texts: list[str]) -> Embeddings
         known = True
     except APIError:
         known = False
-    result = await anyio.to_thread.run_sync(st.runtime.embed, texts, limiter=st.limiter)
+
+    def run() -> Embeddings:
+        # a model name switches to that model first, as a chat request does
+        with st.using(model if known else None) as runtime:
+            return runtime.embed(texts)
+
+    result = await anyio.to_thread.run_sync(run, limiter=st.limiter)
     if not known and model != result.model:
         st.check_model(model)  # raises the usual 404
     return result

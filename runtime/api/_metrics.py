@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..service import Runtime
 from ..types import TIERS, Report
 
 log = logging.getLogger(__name__)
@@ -25,10 +24,17 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+class StatsSource(Protocol):
+    """What the collector reads: a Runtime, or the server's view of whichever one is
+    loaded (a model switch replaces it; see _state.LoadedStats)."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+
 class _RuntimeCollector(Collector):
     """Reads tier usage, evictions and queue depth from ``runtime.stats()``."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: StatsSource) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
@@ -111,7 +117,7 @@ def _tier_metrics(tiers: dict[str, Any]) -> Iterator[Metric]:
 class Metrics:
     """The app's metrics; ``observe`` after each reply, ``render`` for /metrics."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: StatsSource) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.requests = Counter(

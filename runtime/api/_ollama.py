@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import ContextOverflow
+from ..service import Runtime
 from ..types import Request as RuntimeRequest
 from . import _embeddings
 from . import _ollama_models as models
@@ -34,7 +35,8 @@ from ._state import ERRORS, AppState, state
 
 # The Ollama release whose API this dialect follows; clients check it for features.
 OLLAMA_API_VERSION = "0.12.0"
-# How long /api/ps says the model stays loaded: warmstart never unloads it.
+# How long /api/ps says the model stays loaded: warmstart unloads it only to switch
+# to another model a request names.
 _FOREVER_S = 10 * 365 * 24 * 3600
 
 
@@ -52,10 +54,12 @@ def _check_size(st: AppState, n_messages: int, chars: int, param: str) -> None:
         raise APIError(400, message, param=param, code="prompt_too_long")
 
 
-async def _limit(st: AppState, num_predict: int | None, draft: RuntimeRequest) -> int:
+async def _limit(
+    st: AppState, runtime: Runtime, num_predict: int | None, draft: RuntimeRequest
+) -> int:
     """num_predict, else as many as fit: all the room for -1 and -2 (Ollama's
     "until done" and "fill the context"), at most DEFAULT_MAX_TOKENS when not given."""
-    n_ctx = st.runtime.n_ctx
+    n_ctx = runtime.n_ctx
     if num_predict is not None and num_predict > 0:
         if num_predict > n_ctx:
             message = f"num_predict is {num_predict}, but the context holds only {n_ctx} tokens"
@@ -63,7 +67,7 @@ async def _limit(st: AppState, num_predict: int | None, draft: RuntimeRequest) -
         return num_predict
     if num_predict == 0:
         raise APIError(400, "num_predict must not be 0", param="options.num_predict")
-    used = await anyio.to_thread.run_sync(st.runtime.count_tokens, draft, limiter=st.limiter)
+    used = await anyio.to_thread.run_sync(runtime.count_tokens, draft, limiter=st.limiter)
     room = n_ctx - used
     # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.
     return max(1, room if num_predict is not None else min(DEFAULT_MAX_TOKENS, room))
@@ -77,7 +81,6 @@ async def _generate(
 ) -> Response:
     st = state(request)
     _check_model(st, body.model)
-    shape = OllamaShape(kind, models.tag_name(st.runtime.model_id))
     if isinstance(body, OllamaChatRequest):
         empty, param = not body.messages, "messages"
         _check_size(st, len(body.messages), body.text_chars(), param)
@@ -85,13 +88,19 @@ async def _generate(
         empty, param = not body.prompt, "prompt"
         _check_size(st, 1, body.text_chars(), param)
     draft = body.to_request(session, 1)  # refuses what is unsupported before any work
-    if empty:
-        return JSONResponse(shape.loaded())
-    req = body.to_request(session, await _limit(st, body.num_predict, draft))
+    # the named model, loaded first when another one is (as Ollama does)
+    wanted = models.untagged(body.model) or None
+    runtime, name = await anyio.to_thread.run_sync(st.acquire, wanted, limiter=st.limiter)
+    shape = OllamaShape(kind, models.tag_name(name))
     try:
-        stream = await anyio.to_thread.run_sync(st.runtime.generate, req, limiter=st.limiter)
+        if empty:  # Ollama's way to load a model: done above
+            return JSONResponse(shape.loaded())
+        req = body.to_request(session, await _limit(st, runtime, body.num_predict, draft))
+        stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
     except ContextOverflow as exc:
         raise from_runtime(exc, param) from exc
+    finally:
+        st.release()  # submitted (or refused): a switch may close this runtime now
     if body.stream:
         return NDJSONResponse(
             stream,
@@ -108,7 +117,7 @@ async def _generate(
 
 def _show(st: AppState, name: str) -> dict[str, Any]:
     wanted = models.untagged(name)
-    for entry in models.installed_models(st.runtime):
+    for entry in models.installed_models(st):
         if wanted in (models.untagged(entry.name), "default") or not wanted:
             arch = entry.architecture or "unknown"
             return {
@@ -130,7 +139,7 @@ def _show(st: AppState, name: str) -> dict[str, Any]:
 def _ps(st: AppState) -> dict[str, Any]:
     until = models.timestamp(time.time() + _FOREVER_S)
     out = []
-    for entry in models.installed_models(st.runtime):
+    for entry in models.installed_models(st):
         if entry.loaded:
             out.append(
                 {
@@ -154,11 +163,11 @@ def build_router() -> APIRouter:
     @router.get("/tags")
     def tags(request: Request) -> dict[str, Any]:
         """The models this server answers with."""
-        return {"models": [models.tag(e) for e in models.installed_models(state(request).runtime)]}
+        return {"models": [models.tag(e) for e in models.installed_models(state(request))]}
 
     @router.get("/ps")
     def running(request: Request) -> dict[str, Any]:
-        """The loaded model (it is never unloaded)."""
+        """The loaded model (unloaded only by a switch to another one)."""
         return _ps(state(request))
 
     @router.post("/show", responses=ERRORS)

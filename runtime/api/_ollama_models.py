@@ -1,11 +1,6 @@
-"""The models the Ollama routes list (/api/tags, /api/show, /api/ps).
-
-``installed_models`` is the one place that finds them. For now it lists the loaded
-model only, read from the runtime's engine where there is one (LocalRuntime) and
-plain defaults otherwise (FakeRuntime); it is meant to be replaced by the runtime's
-shared listing of installed models (the one /v1/models uses) without touching the
-routes.
-"""
+"""The models the Ollama routes list (/api/tags, /api/show, /api/ps): the shared
+listing of the models this server answers with (_listing.py, as /v1/models), in
+Ollama's shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +8,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from ..service import Runtime
+from ._listing import served_models
+from ._state import AppState
 
 
 @dataclass(frozen=True)
@@ -30,27 +26,29 @@ class ModelEntry:
     loaded: bool = False
 
 
-def installed_models(runtime: Runtime) -> list[ModelEntry]:
+def installed_models(st: AppState) -> list[ModelEntry]:
     """Every model this server can answer with; the loaded one first."""
-    model = getattr(getattr(runtime, "engine", None), "model", None)
-    if model is None:  # no engine to ask (FakeRuntime)
-        return [ModelEntry(name=runtime.model_id, context_length=runtime.n_ctx, loaded=True)]
-    arch = model.meta("general.architecture") or ""
-    stat = model.path.stat()
-    return [
-        ModelEntry(
-            name=runtime.model_id,
-            size=stat.st_size,
-            digest=str(getattr(runtime.engine.config, "model_digest", "")),  # type: ignore[attr-defined]
-            modified=stat.st_mtime,
-            architecture=arch,
-            parameters=model.n_params,
-            quantization=(model.describe().split() or [""])[-1],
-            context_length=model.n_ctx_train,
-            template=model.chat_template() or "",
-            loaded=True,
+    out = []
+    for model in served_models(st):
+        info = model.info
+        if info is None:  # a runtime without a model file (FakeRuntime)
+            out.append(ModelEntry(model.name, context_length=st.runtime.n_ctx, loaded=True))
+            continue
+        out.append(
+            ModelEntry(
+                name=model.name,
+                size=info.size_bytes,
+                digest=model.digest,
+                modified=info.modified,
+                architecture=info.architecture or "",
+                parameters=info.parameters or 0,
+                quantization=info.quantization or "",
+                context_length=info.context_length or 0,
+                template=info.chat_template or "",
+                loaded=model.loaded,
+            )
         )
-    ]
+    return out
 
 
 def parameter_size(n: int) -> str:

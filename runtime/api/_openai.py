@@ -10,8 +10,12 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import ContextOverflow
+from ..installed import OWNER
+from ..service import Runtime
 from ..types import Request as RuntimeRequest
+from ..types import Stream
 from ._errors import APIError, from_runtime
+from ._listing import ServedModel, served_models
 from ._replies import Shape
 from ._schemas import (
     DEFAULT_MAX_TOKENS,
@@ -19,7 +23,7 @@ from ._schemas import (
     CompletionRequest,
 )
 from ._sse import SSEResponse, gather
-from ._state import ERRORS, AppState, state
+from ._state import ERRORS, MODEL_ALIASES, AppState, state
 
 SessionHeader = Annotated[
     str | None,
@@ -32,37 +36,58 @@ SessionHeader = Annotated[
 ]
 
 
-def _model_card(st: AppState) -> dict[str, Any]:
+def _card(st: AppState, model: ServedModel) -> dict[str, Any]:
+    """A model's card: OpenAI's fields, then what its GGUF header says (null where it
+    is silent), the context warmstart serves it with (once loaded here) and whether
+    it is loaded now."""
+    info = model.info
+    train = info.context_length if info else None
     return {
-        "id": st.runtime.model_id,
+        "id": model.name,
         "object": "model",
-        "created": st.started,
-        "owned_by": "warmstart",
+        "created": int(info.modified) if info else st.started,
+        "owned_by": info.owned_by if info else OWNER,
+        "loaded": model.loaded,
+        "aliases": sorted(MODEL_ALIASES) if model.loaded else [],
+        "context_length": model.n_ctx or train,  # what a chat gets (trained length until loaded)
+        "n_ctx": model.n_ctx,
+        "n_ctx_train": train,
+        "parameters": info.parameters if info else None,
+        "quantization": info.quantization if info else None,
+        "architecture": info.architecture if info else None,
+        "size_bytes": info.size_bytes if info else None,
     }
 
 
-async def _max_tokens(st: AppState, requested: int | None, draft: RuntimeRequest) -> int:
+def _cards(st: AppState) -> list[dict[str, Any]]:
+    """The loaded model first, then every other installed one (no loading)."""
+    return [_card(st, model) for model in served_models(st)]
+
+
+async def _max_tokens(
+    st: AppState, runtime: Runtime, requested: int | None, draft: RuntimeRequest
+) -> int:
     """The client's max_tokens, else as many as fit (at most DEFAULT_MAX_TOKENS)."""
-    n_ctx = st.runtime.n_ctx
+    n_ctx = runtime.n_ctx
     if requested is not None:
         if requested > n_ctx:
             message = f"max_tokens is {requested}, but the context holds only {n_ctx} tokens"
             raise APIError(400, message, param="max_tokens")
         return requested
-    used = await anyio.to_thread.run_sync(st.runtime.count_tokens, draft, limiter=st.limiter)
+    used = await anyio.to_thread.run_sync(runtime.count_tokens, draft, limiter=st.limiter)
     # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.
     return max(1, min(DEFAULT_MAX_TOKENS, n_ctx - used))
 
 
 async def _reply(
-    request: Request, st: AppState, req: RuntimeRequest, shape: Shape, stream: bool, usage: bool
+    request: Request,
+    st: AppState,
+    events: Stream,
+    shape: Shape,
+    stream: bool,
+    usage: bool,
 ) -> Response:
-    """Starts the generation (errors surface here, before any byte is sent) and
-    returns it streamed or whole."""
-    try:
-        events = await anyio.to_thread.run_sync(st.runtime.generate, req, limiter=st.limiter)
-    except ContextOverflow as exc:  # name the field that holds the prompt on this route
-        raise from_runtime(exc, "messages" if shape.kind == "chat" else "prompt") from exc
+    """Returns the generation streamed or whole."""
     if stream:
         return SSEResponse(
             events,
@@ -116,21 +141,30 @@ async def _answer(
     session: str | None,
     kind: Literal["chat", "completion"],
 ) -> Response:
-    """Both routes: check the model and the size, size max_tokens, then reply."""
+    """Both routes: check the size, take the named model (switching to it when
+    another is loaded), size max_tokens, start the generation (errors surface here,
+    before any byte is sent), then reply."""
     st = state(request)
-    st.check_model(body.model)
+    st.check_model(body.model)  # a 404 before any waiting
     _check_size(st, body)
-    draft = body.to_request(session, 1)
-    limit = await _max_tokens(st, body.requested_max_tokens(), draft)
-    req = body.to_request(session, limit)
+    runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
+    try:
+        draft = body.to_request(session, 1)
+        limit = await _max_tokens(st, runtime, body.requested_max_tokens(), draft)
+        req = body.to_request(session, limit)
+        events = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+    except ContextOverflow as exc:  # name the field that holds the prompt on this route
+        raise from_runtime(exc, "messages" if kind == "chat" else "prompt") from exc
+    finally:
+        st.release()  # submitted (or refused): a switch may close this runtime now
     shape = Shape(
         kind,
-        st.runtime.model_id,
+        name,
         tools=req.uses_tools,
         logprobs=req.sampling.logprobs is not None,
         prompt_chars=len(req.prompt or ""),
     )
-    return await _reply(request, st, req, shape, body.stream, body.include_usage)
+    return await _reply(request, st, events, shape, body.stream, body.include_usage)
 
 
 def build_router() -> APIRouter:
@@ -138,14 +172,16 @@ def build_router() -> APIRouter:
 
     @router.get("/models")
     def list_models(request: Request) -> dict[str, Any]:
-        """The loaded model (the only one); "default" is accepted as its alias too."""
-        return {"object": "list", "data": [_model_card(state(request))]}
+        """Every installed model, the loaded one first ("default" is its alias), with
+        its metadata; a request naming another one loads it."""
+        return {"object": "list", "data": _cards(state(request))}
 
     @router.get("/models/{model_id}", responses=ERRORS)
     def get_model(model_id: str, request: Request) -> dict[str, Any]:
         st = state(request)
         st.check_model(model_id)
-        return _model_card(st)
+        name = st.model_name if model_id in MODEL_ALIASES else model_id
+        return next(card for card in _cards(st) if card["id"] == name)
 
     @router.post("/chat/completions", responses=ERRORS)
     async def chat_completions(

@@ -414,6 +414,12 @@ class PrewarmResult(BaseModel):
     promoted_tokens: int
 
 
+class LoadModelRequest(_Body):
+    """``POST /v1/warmstart/models/load``: the installed model to switch to."""
+
+    model: Annotated[Text, Field(min_length=1, max_length=256)]
+
+
 TITLE = Annotated[Text, Field(max_length=200)]
 
 

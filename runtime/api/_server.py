@@ -21,6 +21,7 @@ from . import _logs
 from ._app import create_app
 from ._notify import notify_when_ready
 from ._protocol import ConnectionLimits, fd_bounded, protocol_class
+from ._state import Opener
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +83,20 @@ def serve(
     *,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    opener: Opener | None = None,
 ) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
+    With ``opener``, requests may switch to another installed model (see _state.py);
+    the runtime loaded at the end is the one closed.
 
     ``sock`` comes from bind_listener() (called before loading the model); without it
     the checks and the bind happen here. Raises ConfigError before serving anything
     when the bind rule is broken or the address cannot be bound."""
     if sock is None:
         sock = bind_listener(settings)
-    app = create_app(settings, runtime)
+    app = create_app(settings, runtime, opener)
+    st = app.state.warmstart
     limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
     app.state.peer_sockets = limits.sockets
     config = uvicorn.Config(
@@ -117,14 +122,14 @@ def serve(
     notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
-    server = _Server(config, on_exit=runtime.cancel_all)
+    server = _Server(config, on_exit=lambda: st.runtime.cancel_all())
     try:
         with _sigterm_returns():
             server.run(sockets=[sock])
     except _Terminated:
         log.info("stopped by SIGTERM")
     finally:
-        runtime.close()  # flushes the caches and checkpoints the databases
+        st.close()  # flushes the caches and checkpoints the databases
 
 
 class _Server(uvicorn.Server):

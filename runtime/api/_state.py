@@ -1,20 +1,41 @@
-"""What every route needs, held on ``app.state`` (one per app, never per module)."""
+"""What every route needs, held on ``app.state`` (one per app, never per module),
+and the one place that switches the loaded model.
+
+One model is loaded at a time (as in Ollama). A request naming another installed
+model switches: new requests wait, the replies in progress get ``switch_wait_s`` to
+finish (then are cancelled), the runtime is closed (its disk tier flushed) and the
+named model opened. Each model's KV chunks are keyed by its fingerprint, so a model
+switched back to finds its cache on disk. Requests for different models queue on
+the switch; none fails because another model is loading.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi import Request
 
+from ..catalogue import load_catalogue
+from ..errors import ModelError, ModelNotFound
+from ..installed import MetadataCache, installed_paths, model_name
+from ..models import ModelManager
 from ..service import Runtime
 from ..settings import Settings
 from ._errors import APIError, error_body
 from ._metrics import Metrics
 from ._schemas import ErrorResponse
 
-# Names a client may use for the loaded model besides its own id.
+log = logging.getLogger(__name__)
+
+# Names a client may use for the loaded model besides its own: never a switch.
 MODEL_ALIASES = frozenset({"default"})
 
 # The OpenAPI "responses" of the routes that reach the runtime.
@@ -27,14 +48,40 @@ ERRORS: dict[int | str, dict] = {
     429: {"model": ErrorResponse, "description": "busy; see Retry-After"},
 }
 
+# Opens an installed model file as a ready runtime (the factory's open_runtime).
+Opener = Callable[[Path], Runtime]
+
+
+def loaded_model(settings: Settings, runtime: Runtime) -> tuple[Path | None, str]:
+    """The file and the name of the model ``runtime`` was opened on (the settings'
+    model); the runtime's own id when the file is unknown (a fake runtime)."""
+    try:
+        path = ModelManager(settings.models_dir).resolve(settings.model, auto_pull=False)
+    except ModelError:
+        return None, runtime.model_id
+    return path.resolve(), model_name(path, load_catalogue())
+
 
 @dataclass
 class AppState:
     settings: Settings
-    runtime: Runtime
+    runtime: Runtime  # the loaded model's; a switch replaces it: read it, never keep it
     metrics: Metrics
     started: int = field(default_factory=lambda: int(time.time()))
+    opener: Opener | None = None  # None: this server serves its one model only
+    model_path: Path | None = None  # the loaded model's file, when known
+    model_name: str = ""  # the loaded model's name (default: the runtime's model_id)
+    metadata: MetadataCache = field(default_factory=MetadataCache)
+    served_ctx: dict[Path, int] = field(default_factory=dict)  # n_ctx each model got here
+    loading: str | None = None  # the model being switched to
     _limiter: anyio.CapacityLimiter | None = None
+    _cv: threading.Condition = field(default_factory=threading.Condition)
+    _users: int = 0  # requests between choosing the runtime and submitting to it
+
+    def __post_init__(self) -> None:
+        self.model_name = self.model_name or self.runtime.model_id
+        if self.model_path is not None:
+            self.served_ctx[self.model_path] = self.runtime.n_ctx
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:
@@ -46,16 +93,118 @@ class AppState:
             self._limiter = anyio.CapacityLimiter(self.settings.max_queue + 64)
         return self._limiter
 
+    def installed(self) -> dict[str, Path]:
+        """Name -> file of the models this server can switch to (none without an opener)."""
+        return installed_paths(self.settings.models_dir) if self.opener is not None else {}
+
+    def wanted(self, name: str | None) -> str | None:
+        """The model ``name`` asks for (None: whichever is loaded, for an alias or no
+        name). Raises 404 model_not_found for a name no installed model has."""
+        if name is None or name in MODEL_ALIASES:
+            return None
+        if name != self.model_name and name not in self.installed():
+            known = ", ".join(sorted({self.model_name, *self.installed()}))
+            raise APIError(
+                404,
+                f"the model '{name}' does not exist; installed: {known}",
+                param="model",
+                code="model_not_found",
+            )
+        return name
+
     def check_model(self, name: str | None) -> None:
-        """Raises 404 model_not_found unless ``name`` is empty, an alias or the model id."""
-        if name is None or name in MODEL_ALIASES or name == self.runtime.model_id:
-            return
-        raise APIError(
-            404,
-            f"the model '{name}' does not exist; this server runs '{self.runtime.model_id}'",
-            param="model",
-            code="model_not_found",
-        )
+        """Raises 404 model_not_found unless ``name`` is known (switches nothing)."""
+        self.wanted(name)
+
+    def acquire(self, name: str | None) -> tuple[Runtime, str]:
+        """The runtime for ``name`` and the name it answers by, switching to it first
+        when needed (blocking: call it from a worker thread). Every acquire is
+        followed by one release(), once the request has been submitted."""
+        want = self.wanted(name)
+        while True:
+            with self._cv:
+                while self.loading is not None:
+                    self._cv.wait()
+                if want is None or want == self.model_name:
+                    self._users += 1
+                    return self.runtime, self.model_name
+                self.loading = want
+            try:
+                self._switch(want)
+            finally:
+                with self._cv:
+                    self.loading = None
+                    self._cv.notify_all()
+
+    def release(self) -> None:
+        with self._cv:
+            self._users -= 1
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def using(self, name: str | None = None) -> Iterator[Runtime]:
+        """acquire() and release() around a call to the runtime (blocking)."""
+        runtime, _ = self.acquire(name)
+        try:
+            yield runtime
+        finally:
+            self.release()
+
+    def settled(self) -> Runtime | None:
+        """The loaded runtime, or None while a switch is closing or opening one (for
+        readers that must not wait, such as a metrics scrape)."""
+        with self._cv:
+            return None if self.loading is not None else self.runtime
+
+    def load(self, name: str) -> float:
+        """Makes ``name`` the loaded model; the milliseconds it took (0 when it was)."""
+        t0 = time.perf_counter()
+        before = self.model_path
+        with self.using(name):
+            pass
+        return 0.0 if self.model_path == before else (time.perf_counter() - t0) * 1000
+
+    def _switch(self, name: str) -> None:
+        """Closes the loaded runtime, once its replies are done or have had
+        switch_wait_s, and opens ``name``; on failure the previous model comes back."""
+        assert self.opener is not None  # wanted() names none to switch to without one
+        path = self.installed().get(name)
+        if path is None:  # removed since wanted() saw it
+            raise ModelNotFound(f"the model '{name}' is no longer installed")
+        path = path.resolve()
+        wait_s = self.settings.switch_wait_s
+        with self._cv:  # requests that chose this runtime submit within milliseconds
+            self._cv.wait_for(lambda: self._users == 0, timeout=wait_s)
+        old, old_path = self.runtime, self.model_path
+        log.info("switching model: %s -> %s", self.model_name, name)
+        if not old.wait_idle(wait_s):
+            log.warning("replies still running after %.1f s: cancelled for the switch", wait_s)
+            old.cancel_all()
+        old.close()
+        try:
+            new = self.opener(path)
+        except Exception:
+            if old_path is not None:  # keep serving what was served
+                self.runtime = self.opener(old_path)
+            raise
+        self.runtime, self.model_path, self.model_name = new, path, name
+        self.served_ctx[path] = new.n_ctx
+
+    def close(self) -> None:
+        """Closes the loaded runtime (the server is stopping)."""
+        self.runtime.close()
+
+
+class LoadedStats:
+    """``stats()`` of whichever runtime is loaded at the time (for the metrics scrape,
+    which must not wait): empty while a switch closes one runtime and opens another."""
+
+    def __init__(self, settled: Callable[[], Runtime | None]) -> None:
+        self._settled = settled  # AppState.settled
+
+    def stats(self) -> dict[str, Any]:
+        runtime = self._settled()
+        return {} if runtime is None else runtime.stats()
 
 
 def state(request: Request) -> AppState:
@@ -64,4 +213,4 @@ def state(request: Request) -> AppState:
     return app_state
 
 
-__all__ = ["ERRORS", "MODEL_ALIASES", "AppState", "error_body", "state"]
+__all__ = ["ERRORS", "MODEL_ALIASES", "AppState", "Opener", "error_body", "state"]

@@ -1,7 +1,8 @@
-"""warmstart's own routes: sessions, prewarm, stats, settings, /health, /metrics.
+"""warmstart's own routes: sessions, prewarm, stats, settings, models, /health, /metrics.
 
-The runtime calls here may wait on the runtime's locks, so these routes are plain
-``def`` functions, which FastAPI runs in its thread pool.
+The runtime calls here may wait on the runtime's locks (and on a model switch, which
+never closes a runtime in use), so these routes are plain ``def`` functions, which
+FastAPI runs in its thread pool.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from ..service import Runtime
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
 from ._replies import message_json
-from ._schemas import SessionImport, SessionPatch
-from ._state import ERRORS, AppState, state
+from ._schemas import LoadModelRequest, SessionImport, SessionPatch
+from ._state import ERRORS, state
 
 # Settings whose values never leave the server.
 _SECRET = frozenset({"api_key"})
@@ -51,8 +53,8 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     return body
 
 
-def _known(st: AppState, session_id: str) -> SessionInfo:
-    info = st.runtime.session(session_id)
+def _known(runtime: Runtime, session_id: str) -> SessionInfo:
+    info = runtime.session(session_id)
     if info is None:
         raise APIError(
             404, f"no session '{session_id}'", param="session_id", code="session_not_found"
@@ -69,70 +71,84 @@ def build_router() -> APIRouter:
     ) -> dict[str, Any]:
         """Known conversations, newest first, with their cached tokens per tier; ``q``
         keeps those whose title or messages contain it."""
-        infos = state(request).runtime.sessions(q)
+        with state(request).using() as runtime:
+            infos = runtime.sessions(q)
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id}", responses=ERRORS)
     def get_session(session_id: str, request: Request) -> dict[str, Any]:
         """One conversation, with its messages."""
-        return _session(_known(state(request), session_id), messages=True)
+        with state(request).using() as runtime:
+            return _session(_known(runtime, session_id), messages=True)
 
     @router.delete("/sessions/{session_id}", responses=ERRORS)
     def delete_session(session_id: str, request: Request) -> dict[str, Any]:
         """Forgets a conversation and drops the chunks no other conversation uses."""
-        if not state(request).runtime.delete_session(session_id):
-            _known(state(request), session_id)  # raises the 404
+        with state(request).using() as runtime:
+            if not runtime.delete_session(session_id):
+                _known(runtime, session_id)  # raises the 404
         return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
 
     @router.patch("/sessions/{session_id}", responses=ERRORS)
     def patch_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
         """Renames a conversation; its later turns keep the new title."""
-        st = state(request)
-        if not st.runtime.rename_session(session_id, body.title.strip() or body.title):
-            _known(st, session_id)  # raises the 404
-        return _session(_known(st, session_id), messages=False)
+        with state(request).using() as runtime:
+            if not runtime.rename_session(session_id, body.title.strip() or body.title):
+                _known(runtime, session_id)  # raises the 404
+            return _session(_known(runtime, session_id), messages=False)
 
     @router.post("/sessions/import", responses=ERRORS)
     def import_sessions(body: SessionImport, request: Request) -> dict[str, Any]:
         """Adds conversations a client kept itself (the app's database before the server
         kept them all), ids and messages as given, without KV. An id already known is
         left unchanged, so an import that was cut short can simply be sent again."""
-        runtime = state(request).runtime
         added: list[str] = []
         existing: list[str] = []
-        for kept in body.sessions:
-            (added if runtime.import_session(kept.to_info()) else existing).append(kept.id)
+        with state(request).using() as runtime:
+            for kept in body.sessions:
+                (added if runtime.import_session(kept.to_info()) else existing).append(kept.id)
         return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
 
     @router.post("/sessions/{session_id}/prewarm", responses=ERRORS)
     def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:
         """Promotes a conversation's cached chunks to RAM before it is needed."""
-        st = state(request)
-        _known(st, session_id)
-        promoted = st.runtime.prewarm(session_id)
-        info = _known(st, session_id)
+        with state(request).using() as runtime:
+            _known(runtime, session_id)
+            promoted = runtime.prewarm(session_id)
+            info = _known(runtime, session_id)
         return {
             "session_id": session_id,
             "promoted_tokens": promoted,
             "session": _session(info, messages=False),
         }
 
+    @router.post("/models/load", responses=ERRORS)
+    def load_model(body: LoadModelRequest, request: Request) -> dict[str, Any]:
+        """Switches to an installed model (as a request naming it would) and answers
+        once it is loaded; 404 model_not_found for a name no installed model has."""
+        st = state(request)
+        load_ms = st.load(body.model)
+        return {"model": st.model_name, "loaded": True, "load_ms": round(load_ms, 1)}
+
     @router.get("/stats")
     def stats(request: Request) -> dict[str, Any]:
         """The runtime's counters and tier usage (runtime.stats())."""
-        return state(request).runtime.stats()
+        with state(request).using() as runtime:
+            return runtime.stats()
 
     @router.post("/cache/clear")
     def clear_cache(request: Request) -> dict[str, Any]:
         """Empties the KV cache (RAM and disk; a damaged disk cache is reset). The
         conversations stay listed; their next turn is computed again."""
-        state(request).runtime.clear_cache()
+        with state(request).using() as runtime:
+            runtime.clear_cache()
         return {"object": "warmstart.cache.cleared", "cleared": True}
 
     @router.get("/settings")
     def settings(request: Request) -> dict[str, Any]:
         """The effective settings, each ``{"value", "reason"}``; secrets are redacted."""
-        report = state(request).runtime.settings_report()
+        with state(request).using() as runtime:
+            report = runtime.settings_report()
         return {
             name: (
                 {"value": "<redacted>", "reason": entry.get("reason", "")}
@@ -152,9 +168,11 @@ def build_service_router() -> APIRouter:
     def health(request: Request) -> dict[str, Any]:
         """Liveness; open without an API key. ``degraded`` names what runs in a reduced
         mode (the disk tier off: replies go on from RAM), and why."""
-        runtime = state(request).runtime
-        out: dict[str, Any] = {"status": "ok", "model": runtime.model_id}
-        degraded = runtime.degraded()
+        st = state(request)
+        out: dict[str, Any] = {"status": "ok", "model": st.model_name}
+        if st.loading is not None:  # requests wait for the switch; they are not refused
+            out["loading"] = st.loading
+        degraded = st.runtime.degraded()
         if degraded:
             out["degraded"] = degraded
         return out

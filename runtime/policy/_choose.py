@@ -25,9 +25,18 @@ MiB = 1 << 20
 GiB = 1 << 30
 MAX_CTX = 32768  # longer contexts cost attention time on every token; users can ask for more
 MAX_RESIDENT = 8  # beyond this, the RAM pool serves returning chats just as well
-MIN_WANTED_CTX = 2048  # halve the context down to this to keep two chats resident
-HOST_KV_SHARE = 0.5  # of free host RAM, for a CPU context's KV; the pool gets from the rest
-CPU_LIVE_KV_BYTES = 512 * MiB  # the live context on a CPU; the RAM pool holds the rest
+MIN_WANTED_CTX = 2048  # halve the context down to this to keep CHATS chats resident
+CHATS = 4  # chats the context keeps room for, halving the context down to MIN_WANTED_CTX
+HOST_KV_SHARE = 0.5  # of free host RAM, for the host part of a partly offloaded context
+# A context in host RAM (CPU inference, or Metal's unified memory): every cell is
+# allocated and cleared at start (1.7 GB and 2.5 s for 8 x 8192 cells of the default
+# model on the development machine), and the RAM pool restores a chat that is not live
+# in milliseconds. So the live KV gets CPU_LIVE_KV_BYTES, or for a larger model room
+# for two chats of a useful length (an 8B model's two 8K chats take 2 GiB), no more.
+CPU_LIVE_KV_BYTES = 512 * MiB  # the live context on a CPU for a small model
+CPU_CHATS = 2  # chats a larger model's host-RAM context keeps room for
+CPU_WANTED_CTX = 8192  # tokens each of those should get (or the model's trained length)
+CPU_KV_SHARE = 0.6  # at most, of the host RAM left: the pool and some headroom get the rest
 POOL_SHARE = 0.5  # of host RAM left after the OS, the model and the context
 LOOKUP_MS = 0.2  # hashing the prompt's chunks and the index lookups a restore adds
 CHUNK_COST_FACTOR = 4  # a chunk's transfer lasts 4x the fixed cost: overhead <= 20%
@@ -99,52 +108,77 @@ def _memory(profile: HardwareProfile, geometry: ModelGeometry, settings: Setting
     return _Memory(share, max(vram_kv, 0), max(host_free, 0), profile.unified_memory)
 
 
-def _kv_capacity(mem: _Memory, kvb: int) -> tuple[int, str]:
-    """Tokens of KV the live context can hold, and which memory limits it."""
-    limits = []
-    if mem.gpu_share > 0:
-        tokens = int(mem.vram_for_kv / (mem.gpu_share * kvb))
-        limits.append((tokens, f"{_gib(mem.vram_for_kv)} of VRAM after the model"))
-    if mem.gpu_share < 1:
-        budget = HOST_KV_SHARE * mem.host_free
-        tokens = int(budget / ((1 - mem.gpu_share) * kvb))
-        limits.append((tokens, f"{_gib(budget)} of host RAM after the OS and the model"))
+def _kv_capacity(mem: _Memory, kvb: int, n_ctx_train: int) -> tuple[int, str, int]:
+    """Tokens of KV the live context can hold, which memory limits it, and how many
+    chats the context should leave room for."""
     if mem.gpu_share == 0:
-        # On a CPU the RAM pool restores a prefix in milliseconds, while every cell of
-        # the live context is allocated and cleared at start (1.7 GB and 2.5 s for 8 x
-        # 8192 cells of the default model on the development machine). Metal on Apple
-        # silicon keeps its KV in the same host RAM, so the same holds there.
-        tokens = int(CPU_LIVE_KV_BYTES / kvb)
-        where = "unified memory (Metal)" if mem.unified else "CPU inference"
-        limits.append((tokens, f"{where}: live KV capped at {_gib(CPU_LIVE_KV_BYTES)}"))
-    return min(limits)
+        budget, why, chats = _host_live_kv(mem, kvb, n_ctx_train)
+        return int(budget / kvb), why, chats
+    limits = []
+    tokens = int(mem.vram_for_kv / (mem.gpu_share * kvb))
+    limits.append((tokens, f"{_gib(mem.vram_for_kv)} of VRAM after the model"))
+    if mem.gpu_share < 1:
+        host = HOST_KV_SHARE * mem.host_free
+        tokens = int(host / ((1 - mem.gpu_share) * kvb))
+        limits.append((tokens, f"{_gib(host)} of host RAM after the OS and the model"))
+    return (*min(limits), CHATS)
+
+
+def _host_live_kv(mem: _Memory, kvb: int, n_ctx_train: int) -> tuple[int, str, int]:
+    """Bytes of live KV for a context in host RAM, why, and the chats it keeps room
+    for: CPU_LIVE_KV_BYTES (four chats, as on a GPU), or for a model whose two chats
+    of CPU_WANTED_CTX tokens need more, that much (two chats); never more than
+    CPU_KV_SHARE of the RAM left after the OS and the model, so that the RAM pool and
+    some headroom fit beside it."""
+    where = "unified memory (Metal)" if mem.unified else "CPU inference"
+    chat = min(CPU_WANTED_CTX, n_ctx_train)
+    wanted = CPU_CHATS * chat * kvb
+    if wanted <= CPU_LIVE_KV_BYTES:
+        budget, chats = CPU_LIVE_KV_BYTES, CHATS
+        why = (
+            f"live KV {_gib(budget)}, the least it gets ({CPU_CHATS} chats of {chat} tokens "
+            f"of this model need {_gib(wanted)})"
+        )
+    else:
+        budget, chats = wanted, CPU_CHATS
+        why = f"live KV {_gib(budget)}: room for {CPU_CHATS} chats of {chat} tokens of this model"
+    room = int(CPU_KV_SHARE * mem.host_free)
+    if budget > room:
+        budget = room
+        why = (
+            f"live KV {_gib(budget)}: {CPU_KV_SHARE:.0%} of the {_gib(mem.host_free)} of host "
+            f"RAM left after the OS and the model, too little for {chats} chats of {chat} tokens"
+        )
+    return budget, f"{where}: {why}; the RAM pool restores other chats in milliseconds", chats
 
 
 def _round_ctx(tokens: float) -> int:
     return max(256, int(tokens) // 256 * 256)
 
 
-def _fit_ctx(capacity: int, resident: int | None, longest: int) -> int:
+def _fit_ctx(capacity: int, resident: int | None, longest: int, chats: int) -> int:
     """The longest context (multiple of 256) that fits ``resident`` chats (each has a
-    KV stream of its own)."""
+    KV stream of its own), else room for ``chats``, halving down to MIN_WANTED_CTX."""
     if resident is not None:
         return min(longest, _round_ctx(capacity / resident))
     n_ctx = longest
-    while n_ctx > MIN_WANTED_CTX and capacity < 4 * n_ctx:  # room for four chats
+    while n_ctx > MIN_WANTED_CTX and capacity < chats * n_ctx:
         n_ctx //= 2
     return min(n_ctx, _round_ctx(capacity / 2))
 
 
-def _choose_context(p: _Picks, capacity: int, limit: str, geometry: ModelGeometry) -> None:
+def _choose_context(
+    p: _Picks, capacity: int, limit: str, geometry: ModelGeometry, chats: int
+) -> None:
     longest = min(geometry.n_ctx_train, MAX_CTX)
     user_resident = p.settings.resident_sequences
     why = (
         f"longest context (<= {longest}, the model's {geometry.n_ctx_train} capped) "
-        f"that fits {capacity} KV tokens ({limit})"
+        f"that leaves room for {chats} chats in {capacity} KV tokens ({limit})"
     )
     if capacity < 512:  # not even two of the smallest contexts: say so, loudly
         why = f"the smallest context: {limit} leaves room for only {capacity} KV tokens"
-    n_ctx = p.pick("n_ctx", lambda: (_fit_ctx(capacity, user_resident, longest), why))
+    n_ctx = p.pick("n_ctx", lambda: (_fit_ctx(capacity, user_resident, longest, chats), why))
 
     def resident() -> tuple[int, str]:
         fits = capacity // n_ctx
@@ -321,8 +355,8 @@ def choose(
     p = _Picks(settings)
     kvb = max(geometry.kv_bytes_per_token, 1)
     mem = _memory(profile, geometry, settings)
-    capacity, limit = _kv_capacity(mem, kvb)
-    _choose_context(p, capacity, limit, geometry)
+    capacity, limit, chats = _kv_capacity(mem, kvb, geometry.n_ctx_train)
+    _choose_context(p, capacity, limit, geometry, chats)
     n_ctx = p.values["n_ctx"]
     if calibration is not None:
         p.pick("zstd_level", lambda: choose_zstd_level(calibration))

@@ -75,8 +75,17 @@ MAC_M2 = HardwareProfile(
     gpus=(GpuInfo("Apple M2 Pro", 32 * GiB, 19 * GiB, None, "metal", unified=True),),
     backend="metal",
 )
+# (issue 14) The most common Apple-silicon machine: 16 GB, of which macOS leaves ~10 free.
+MAC_M2_16 = HardwareProfile(
+    cpu=CpuInfo("Apple M2", 8, 8),
+    memory=MemoryInfo(total=16 * GiB, available=10 * GiB, swap_total=0, swap_free=0),
+    disk=DiskInfo("/Users/u/Library/Application Support/warmstart/cache", 512 * 10**9,
+                  200 * 10**9),
+    gpus=(GpuInfo("Apple M2", 16 * GiB, 10 * GiB, None, "metal", unified=True),),
+    backend="metal",
+)  # fmt: skip
 MACHINES = {"laptop": LAPTOP, "rtx4090": RTX4090, "h100": H100, "small_gpu": SMALL_GPU,
-            "windows": WINDOWS, "mac_m2": MAC_M2}  # fmt: skip
+            "windows": WINDOWS, "mac_m2": MAC_M2, "mac_m2_16": MAC_M2_16}  # fmt: skip
 
 _ZSTD_FP16 = (
     ZstdPoint(1, 0.91, 0.5, 0.9),
@@ -125,4 +134,5 @@ _BASES = {
     SMALL_GPU.cpu.model: _cal(SMALL_GPU, 2500.0, 6.0, 15.0, 6.0, (0.45, 0.5), 0.5),
     WINDOWS.cpu.model: _cal(WINDOWS, 5000.0, 12.0, 20.0, 20.0, (1.5, 2.5), 0.5),
     MAC_M2.cpu.model: _cal(MAC_M2, 900.0, 25.0, 60.0, None, (3.0, 5.0), 0.1),
+    MAC_M2_16.cpu.model: _cal(MAC_M2_16, 450.0, 20.0, 50.0, None, (2.5, 4.0), 0.1),
 }
