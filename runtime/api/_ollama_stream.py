@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..types import Done, Report, Stream, Token
@@ -118,19 +117,11 @@ class NDJSONResponse(SSEResponse):
         send_timeout: float = 5.0,
         sock: socket.socket | None = None,
     ) -> None:
-        # SSEResponse's own __init__ builds SSE chunks: set what its __call__ uses instead.
-        self._stream = stream
-        self._done = False
-        self._send_timeout = send_timeout
-        self._sock = sock
+        # SSEResponse's own __init__ builds SSE chunks: the same start, NDJSON lines
+        def chunks(finished: Callable[[Report], None]) -> AsyncGenerator[str, None]:
+            return ndjson_lines(stream, shape, limiter, finished)
 
-        def finished(report: Report) -> None:
-            self._done = True
-            on_done(report)
-
-        self._chunks = ndjson_lines(stream, shape, limiter, finished)
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        StreamingResponse.__init__(self, self._chunks, headers=headers)
+        self._begin(stream, chunks, on_done, send_timeout, sock)
 
 
 class OllamaErrorMiddleware:

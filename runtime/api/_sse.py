@@ -186,6 +186,21 @@ class SSEResponse(StreamingResponse):
         send_timeout: float = 5.0,
         sock: socket.socket | None = None,
     ) -> None:
+        def chunks(finished: Callable[[Report], None]) -> AsyncGenerator[str, None]:
+            return sse_chunks(stream, shape, limiter, include_usage=include_usage, on_done=finished)
+
+        self._begin(stream, chunks, on_done, send_timeout, sock)
+
+    def _begin(
+        self,
+        stream: Stream,
+        chunks: Callable[[Callable[[Report], None]], AsyncGenerator[str, None]],
+        on_done: Callable[[Report], None],
+        send_timeout: float,
+        sock: socket.socket | None,
+    ) -> None:
+        """What every streamed reply shares: ``chunks(finished)`` makes the body, and
+        calls ``finished`` with the report once the stream reached its Done."""
         self._stream = stream
         self._done = False
         self._send_timeout = send_timeout
@@ -195,11 +210,9 @@ class SSEResponse(StreamingResponse):
             self._done = True
             on_done(report)
 
-        self._chunks = sse_chunks(
-            stream, shape, limiter, include_usage=include_usage, on_done=finished
-        )
+        self._chunks = chunks(finished)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(self._chunks, headers=headers)
+        StreamingResponse.__init__(self, self._chunks, headers=headers)
 
     async def _watch_queue(self, scope: anyio.CancelScope) -> None:
         """A reader who stopped leaves bytes in the kernel's send queue that never
