@@ -51,6 +51,11 @@ class AuthMiddleware:
         await send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
 
 
+# how much of an over-large body is read (and dropped) before the 413, and for how long
+DRAIN_BYTES = 64 << 20
+DRAIN_S = 5.0
+
+
 class BodyLimitMiddleware:
     """Answers 413 to a body over ``limit`` bytes, declared or streamed.
 
@@ -68,7 +73,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
-            await self._too_large(send)
+            await self._too_large(receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -81,7 +86,7 @@ class BodyLimitMiddleware:
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 if size > self.limit:
-                    await self._too_large(send)
+                    await self._too_large(receive, send, more=message.get("more_body", False))
                     return
                 if not message.get("more_body", False):
                     break
@@ -95,7 +100,19 @@ class BodyLimitMiddleware:
             return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, receive: Receive, send: Send, more: bool = True) -> None:
+        """The 413, once the rest of the body (up to DRAIN_BYTES, for DRAIN_S) is read
+        and dropped: closing a connection with unread bytes in its receive queue sends a
+        TCP reset, which can destroy the 413 before a client that is still uploading
+        (as most are) reads it."""
+        drained = 0
+        with anyio.move_on_after(min(self.timeout, DRAIN_S)):
+            while more and drained <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client left: nobody to answer
+                drained += len(message.get("body", b""))
+                more = message.get("more_body", False)
         body = error_body(
             f"the request body is larger than {self.limit} bytes",
             "invalid_request_error",
