@@ -27,12 +27,32 @@ pytestmark = pytest.mark.slow
 LONG = "Count from 1 to 500, one number per line."
 FLAGS = ["--n-ctx", "2048", "--chunk-tokens", "32"]
 FLAGS += ["--ram-pool-bytes", str(64 << 20), "--prewarm-sessions", "0"]
+# One llama.cpp thread: a stop comes when the llama.cpp call in progress returns (one
+# token, one 32-token batch), and with two threads on a 2-core machine whose other core
+# is busy, their barriers made such a call take 2-2.6 s (measured under a spin loop).
+# What is measured here is warmstart's own stop, not llama.cpp's threads under load.
+FLAGS += ["--n-threads", "1", "--decode-threads", "1"]
 CTRL_C = b"\x03"
+_STARTED: list[int] = []  # pids of the commands started on a terminal
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("interrupts")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    """A test that fails before its command exits must not leave it running (and
+    holding the shared data dir's databases) into the next test."""
+    yield
+    while _STARTED:
+        pid = _STARTED.pop()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
 def _env(data_dir: Path) -> dict[str, str]:
@@ -49,6 +69,7 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal
             os.execvpe(argv[0], argv, env)
+        _STARTED.append(self.pid)
         self.out = b""
 
     def expect(self, wanted: bytes, timeout: float = 120.0, after: int = 0) -> float:
@@ -81,6 +102,7 @@ class Terminal:
             self._read(0.1)
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
+                _STARTED.remove(pid)  # reaped: never signalled again
                 return os.waitstatus_to_exitcode(status)
         os.kill(self.pid, signal.SIGKILL)
         raise AssertionError(f"did not exit; output:\n{self.text()}")
