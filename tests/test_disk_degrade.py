@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from warmstart.runtime.errors import DiskUnavailable
 from warmstart.runtime.hardware._calibrate import _disk_or_assumed
 from warmstart.runtime.kvstore._disk import DiskTier, directory_problem
 
-from tests.conftest import chat
+from tests.conftest import chat, wait_for
 
 Mount = Callable[..., Path]
 
@@ -62,15 +61,6 @@ def _fill(where: Path) -> Path:
         except OSError:
             pass
     return filler
-
-
-def _wait(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def _answer(rt, question: str) -> str:  # type: ignore[no-untyped-def]
@@ -148,7 +138,7 @@ def test_read_only_at_start_then_writable_brings_the_tier_back(
         assert _answer(rt, "Name a colour.")
     assert "disk" in rt.degraded()
     _remount(where, "rw")
-    assert _wait(lambda: rt.degraded() == {}), rt.degraded()
+    assert wait_for(lambda: rt.degraded() == {}, 30.0), rt.degraded()
     assert _warnings(caplog, "disk tier back") == 1
     assert _answer(rt, "Name a fruit.")
     rt.store.flush()
@@ -170,11 +160,11 @@ def test_disk_full_mid_run_keeps_answering_and_recovers(
     with caplog.at_level(logging.WARNING):
         assert _answer(rt, "Name a river in Europe and say why it matters.")
         rt.store.flush()
-        assert _wait(lambda: "disk" in rt.degraded())
+        assert wait_for(lambda: "disk" in rt.degraded(), 30.0)
         assert "full" in rt.degraded()["disk"]
         assert _answer(rt, "Name a mountain.")  # still answering from RAM
         filler.unlink()
-        assert _wait(lambda: rt.degraded() == {}), rt.degraded()
+        assert wait_for(lambda: rt.degraded() == {}, 30.0), rt.degraded()
     assert _warnings(caplog, "disk tier off") == 1
     rt.store.flush()
     # the chunks captured while the disk was full were written once it had room

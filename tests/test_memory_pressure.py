@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from warmstart.runtime.kvstore._pressure import read_available
 from warmstart.runtime.types import Message, Request
 
-from tests.conftest import chat
+from tests.conftest import chat, vm_rss, wait_for
 
 MiB = 1 << 20
 MARGIN = 1536 * MiB  # room under the available memory for the two runtimes of the test
@@ -45,23 +43,6 @@ while True:  # holds the system at the target, whatever other programs do meanwh
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/status").exists(), reason="reads MemAvailable and VmRSS (Linux)"
 )
-
-
-def vm_rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def inventory(k: int) -> Message:

@@ -3,11 +3,11 @@ receives. Used where the app expects its own local server."""
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
+
+from tests.app.jsonhttp import JSONHandler
 
 
 @dataclass
@@ -39,31 +39,20 @@ class Impostor:
     def start(self) -> Impostor:
         impostor = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(JSONHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 impostor.seen.append(Seen(self.command, self.path, headers, body))
                 if impostor.demand_key and "authorization" not in headers:
-                    self._json(401, {"error": {"message": "key", "type": "authentication_error"}})
+                    self._send(401, {"error": {"message": "key", "type": "authentication_error"}})
                 elif self.path == "/health":
-                    self._json(200, {"status": "ok", "model": "impostor"})
+                    self._send(200, {"status": "ok", "model": "impostor"})
                 elif self.path == "/v1/models":
-                    self._json(200, {"object": "list", "data": [{"id": "impostor"}]})
+                    self._send(200, {"object": "list", "data": [{"id": "impostor"}]})
                 else:
-                    self._json(200, {"object": "list", "data": []})
-
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    self._send(200, {"object": "list", "data": []})
 
             do_GET = do_POST = do_DELETE = _answer
 

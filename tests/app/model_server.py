@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.app.jsonhttp import JSONHandler
+
 LOAD_ROUTE = "/v1/warmstart/models/load"
 
 
@@ -44,18 +46,7 @@ def _error(status: int, message: str, code: str | None, kind: str) -> dict[str, 
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:  # quiet
-            pass
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JSONHandler):
         def _missing(self, name: str) -> None:
             message = f"the model '{name}' does not exist"
             self._send(404, _error(404, message, "model_not_found", "invalid_request_error"))

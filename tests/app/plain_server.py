@@ -14,25 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.app.jsonhttp import JSONHandler
 
 MODEL = "plain-model"
 REPLY = ["Hello", " from", " a", " plain", " server", "."]
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the test output stays quiet; failures show up in the app's assertions
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(JSONHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})

@@ -15,16 +15,10 @@ from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._pressure import MemoryWatcher, next_limit, read_available
 from warmstart.runtime.kvstore._store import TieredStore
 
+from tests.conftest import vm_rss
+
 MiB = 1 << 20
 SLOT = 64 * 1024
-
-
-def vm_rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class FakeMeminfo:
