@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..types import Embeddings
-from ._errors import APIError
+from ._errors import APIError, unsupported
 from ._schemas import Text
 from ._state import ERRORS, AppState, state
 
@@ -38,19 +38,10 @@ class EmbeddingRequest(BaseModel):
 
     def texts(self) -> list[str]:
         for name in self.model_extra or {}:
-            raise _unsupported(name)
+            raise unsupported(name)
         if self.dimensions is not None:
-            raise _unsupported("dimensions")
+            raise unsupported("dimensions", "vectors have the model's own size")
         return [self.input] if isinstance(self.input, str) else list(self.input)
-
-
-def _unsupported(param: str) -> APIError:
-    return APIError(
-        400,
-        f"{param} is not supported by warmstart's embeddings",
-        param=param,
-        code="unsupported_parameter",
-    )
 
 
 def _encode(vector: tuple[float, ...], encoding: str) -> list[float] | str:

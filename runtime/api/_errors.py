@@ -53,6 +53,17 @@ class APIError(Exception):
         self.headers = headers
 
 
+# a field warmstart does not implement (unknown, or known in its neutral value only)
+_CODE = "unsupported_parameter"
+_UNSUPPORTED = frozenset({"extra_forbidden", _CODE})
+
+
+def unsupported(param: str, why: str = "") -> APIError:
+    """The 400 for a field (or a value of one) warmstart does not implement, naming it."""
+    reason = f": {why}" if why else ""
+    return APIError(400, f"{param} is not supported by warmstart{reason}", param=param, code=_CODE)
+
+
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -100,11 +111,6 @@ def _is_field(part: object) -> bool:
         return True
     text = str(part)
     return text.isidentifier() and text not in _UNION_TAGS
-
-
-# a field warmstart does not implement (unknown, or known in its neutral value only)
-_CODE = "unsupported_parameter"
-_UNSUPPORTED = frozenset({"extra_forbidden", _CODE})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str | None]:

@@ -16,22 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
-from ._errors import APIError
+from ._errors import unsupported
 from ._schemas import SESSION_ID, Text
 
 # Ollama's own defaults when a request gives no option (its documented Modelfile values).
 OLLAMA_TEMPERATURE = 0.8
 OLLAMA_TOP_P = 0.9
-
-
-def unsupported(param: str, why: str = "") -> APIError:
-    reason = f": {why}" if why else ""
-    return APIError(
-        400,
-        f"{param} is not supported by warmstart{reason}",
-        param=param,
-        code="unsupported_parameter",
-    )
 
 
 class _Body(BaseModel):
