@@ -135,8 +135,11 @@ def _has_amx() -> bool:
 def test_the_real_smoke_child_passes_here(model_path: Path) -> None:
     verdict, conclusive = smoke_test(model_path)
     assert conclusive
-    if _has_amx():  # either answer is right there: what matters is that we are alive
-        assert verdict.enabled or "SIGILL" in verdict.reason
+    if _has_amx():
+        # Either answer is right there; what matters is that we are alive and that the
+        # death, whichever fatal signal it was (SIGILL in one KVM guest, SIGSEGV in
+        # another), turned extra buffers off with its reason.
+        assert verdict.enabled or "died by SIG" in verdict.reason, verdict.reason
     else:
         assert verdict.enabled, verdict.reason
 
