@@ -16,14 +16,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .engine._engine import Engine, Resident
+from .engine._engine import Engine, Resident, reusable
 from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
+from .errors import WarmstartError
 from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
@@ -57,7 +58,7 @@ class Job:
         env: Env,
         request: Request,
         ids: list[int],
-        anchor: int,
+        anchors: tuple[int, ...],
         stream: QueueStream,
         session_id: str | None,
         want_logits: bool = False,
@@ -65,19 +66,22 @@ class Job:
     ) -> None:
         """``history``: the whole conversation when ``request`` holds only the turns
         that fit the context; the session keeps all of it."""
-        self.env, self.request, self.ids, self.anchor = env, request, ids, anchor
+        self.env, self.request, self.ids, self.anchors = env, request, ids, anchors
         self.want_logits = want_logits
         self.logits: np.ndarray | None = None
         self.stream = stream
         self.report = Report(prompt_tokens=len(ids), session_id=session_id)
         self.promotions: list[Record] = []  # disk chunks to bring into RAM after the reply
-        self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchor, TAIL_TOKENS)
+        self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchors, TAIL_TOKENS)
         self.cached = request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
         # a request with tools: the reply read back as text and tool calls
         self.tools = env.engine.tool_plan(request) if request.messages else None
         self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
+        # the conversation's next request is here: what is left is that request's own
+        # prefill (it continues in the same sequence, in the same batches), so it stops
+        self.preempted = False
         self.history = history
         self.t0 = time.perf_counter()
 
@@ -132,6 +136,8 @@ class Job:
             yield
             if self.env.store is not None and self.promotions:
                 self.env.store.promote(self.promotions)
+            if self.preempted:
+                return
             leaf = self._keep(res, self.cuts[:-1])
             leaf = (yield from self._settle(res)) or leaf
             self._save_session(leaf, len(res.tokens))
@@ -322,27 +328,46 @@ class Job:
         return leaf
 
     def _settle(self, res: Resident) -> Generator[None, None, bytes | None]:
-        """Re-prefills the reply (decoded one token at a time) in the batches that every
-        longer prompt of this conversation is prefilled in, after the client has its
-        answer, and stores those chunks: the next turn then restores what a cold
-        prefill of its history computes. Returns the key of the last chunk."""
-        tuning, engine = self.env.tuning, self.env.engine
+        """Re-prefills the reply (decoded one token at a time) in the batches the next
+        turn's prompt is prefilled in, after the client has its answer, and stores
+        those chunks: the next turn then holds, live and stored, what a cold prefill of
+        its history computes, up to its new message. Returns the key of the last chunk.
+
+        The next prompt is this one's messages and the reply, as the template renders
+        them (so with the reply's end-of-turn markup and the next turn's opening);
+        a client that sends the history back otherwise reuses less, never wrong KV."""
         if not (self.cached and self.env.exact_replies and len(res.tokens) > len(self.ids)):
             return None
-        tokens, chunk = list(res.tokens), tuning.chunk_tokens
-        stop = len(self.ids) - TAIL_TOKENS
-        keep = max(
-            (b for b in res.bounds if b <= stop and (b % chunk == 0 or b == self.anchor)),
-            default=0,
-        )
-        targets = aligned_cuts(keep, len(tokens), chunk, self.anchor)
-        if not targets:
+        target, cuts = self._next_prompt(res)
+        engine = self.env.engine
+        keep = reusable(res.bounds, res.tokens, target, cuts)
+        cuts = [c for c in cuts if c > keep]
+        if not cuts:
             return None
         engine.trim(res, keep)
-        for ends in self._decodes(keep, targets):
+        for ends in self._decodes(keep, cuts):
             yield
-            engine.prefill(res, tokens[len(res.tokens) : ends[-1]], want_logits=False, ends=ends)
-        return self._keep(res, [b for b in res.bounds if b <= targets[-1]])
+            if self.preempted:
+                return None
+            engine.prefill(res, target[len(res.tokens) : ends[-1]], want_logits=False, ends=ends)
+        return self._keep(res, [b for b in res.bounds if b <= cuts[-1]])
+
+    def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:
+        """The tokens the next turn's prompt starts with, and its batch ends over them.
+        A raw completion prompt has no next turn to render: what it holds is kept up to
+        its last aligned batch end."""
+        chunk = self.env.tuning.chunk_tokens
+        reply = self.reply_message or Message("assistant", self.reply or "")
+        if self.request.messages:
+            try:
+                nxt = replace(self.request, messages=(*self.request.messages, reply))
+                ids, anchors = self.env.engine.prompt_ids(nxt, generation=False)
+            except WarmstartError as exc:  # a template that cannot render it: settle less
+                log.info("the next turn cannot be rendered (%s); the reply is not kept", exc)
+            else:
+                return ids, [*batch_cuts(len(ids), chunk, anchors, tail=0)]
+        tokens = list(res.tokens)
+        return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
 
     def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
         book, sid = self.env.sessions, self.report.session_id

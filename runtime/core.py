@@ -240,8 +240,8 @@ class LocalRuntime:
             derived_session_id(request.messages) if request.messages else None
         )
         whole = request.messages
-        ids, anchor = self.engine.prompt_ids(request)
-        request, ids, anchor, trimmed = self._fit(request, ids, anchor)
+        ids, anchors = self.engine.prompt_ids(request)
+        request, ids, anchors, trimmed = self._fit(request, ids, anchors)
         if len(ids) >= self.n_ctx:
             raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
         stream = QueueStream()
@@ -252,7 +252,7 @@ class LocalRuntime:
             if len(self._waiting) >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
             history = whole if trimmed else None
-            job = Job(self.env, request, ids, anchor, stream, session_id, want_logits, history)
+            job = Job(self.env, request, ids, anchors, stream, session_id, want_logits, history)
             job.report.trimmed_messages = trimmed
             self._waiting.append(job)
             self._idle.clear()
@@ -271,32 +271,32 @@ class LocalRuntime:
         return replace(request, sampling=replace(request.sampling, grammar=grammar))
 
     def _fit(
-        self, request: Request, ids: list[int], anchor: int
-    ) -> tuple[Request, list[int], int, int]:
+        self, request: Request, ids: list[int], anchors: tuple[int, ...]
+    ) -> tuple[Request, list[int], tuple[int, ...], int]:
         """With ``overflow = trim``, a conversation that leaves less than max_tokens of
         room loses its earliest turns: the system prompt and the most recent turns that
         fit stay (the kept part starts at a user turn). Returns the request to run,
-        its ids and anchor, and how many messages were left out."""
+        its ids and anchors, and how many messages were left out."""
         limit = self.n_ctx - request.sampling.max_tokens
         messages = request.messages
         if self.settings.overflow != "trim" or not messages or len(ids) <= limit:
-            return request, ids, anchor, 0
+            return request, ids, anchors, 0
         head = 1 if messages[0].role == "system" else 0
         starts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
-        best: tuple[Request, list[int], int, int] | None = None
+        best: tuple[Request, list[int], tuple[int, ...], int] | None = None
         lo, hi = 0, len(starts) - 1
         while lo <= hi:  # fewer turns, fewer tokens: the earliest start that fits
             mid = (lo + hi) // 2
             kept = replace(request, messages=messages[:head] + messages[starts[mid] :])
-            kept_ids, kept_anchor = self.engine.prompt_ids(kept)
+            kept_ids, kept_anchors = self.engine.prompt_ids(kept)
             if len(kept_ids) <= limit:
-                best, hi = (kept, kept_ids, kept_anchor, starts[mid] - head), mid - 1
+                best, hi = (kept, kept_ids, kept_anchors, starts[mid] - head), mid - 1
             else:
                 lo = mid + 1
         if best is None and starts:  # nothing leaves max_tokens: keep the last turn only
             kept = replace(request, messages=messages[:head] + messages[starts[-1] :])
             best = (kept, *self.engine.prompt_ids(kept), starts[-1] - head)
-        return best or (request, ids, anchor, 0)
+        return best or (request, ids, anchors, 0)
 
     # the worker ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -309,6 +309,7 @@ class LocalRuntime:
                 # is admitted and ends, never left without its Done
                 if self._closing and not active and not self._calls and not self._waiting:
                     return
+                self._preempt_for_followups(active)
                 while self._waiting and len(active) < self.tuning.resident_sequences:
                     job = self._waiting.popleft()
                     active.append((job, job.steps()))
@@ -324,6 +325,26 @@ class LocalRuntime:
             with self._cv:
                 if not active and not self._waiting:
                     self._idle.set()
+
+    def _preempt_for_followups(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
+        """A conversation's next request is waiting (an agent loop, a client that sends
+        the follow-up at once): the previous reply's background work (capture, the
+        reply's re-prefill) is what that request prefills anyway, in the same batches,
+        so the old job ends now instead of making the new one wait for it."""
+        waiting = {j.report.session_id for j in self._waiting if j.report.session_id}
+        for job, steps in list(active):
+            if not (job.background and job.report.session_id in waiting):
+                continue
+            job.preempted = True
+            self.counters["preempted"] += 1
+            active.remove((job, steps))
+            try:
+                for _ in steps:  # what is left is bookkeeping: no decode runs now
+                    pass
+            except Exception:
+                log.exception("a preempted request failed while it ended")
+            else:
+                self._account(job)
 
     def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
         # work whose client already has its answer (capture, a reply's re-prefill) waits

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import EngineError, RequestError
 from ..kvstore._keys import common_prefix
-from ..types import Request, Sampling
+from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
 from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
 from ._prompt import PromptTokenizer
@@ -150,6 +150,7 @@ class Engine:
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
         self.tool_format = _tools.detect_format(self.template.source)
+        self.turn_token = self._find_turn_token()
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -195,29 +196,60 @@ class Engine:
         return self.layout.chunk_bytes(n_tokens)
 
     # prompts --------------------------------------------------------------------
-    def prompt_ids(self, request: Request) -> tuple[list[int], int]:
-        """Token ids of the request's prompt, and the anchor: where the leading system
-        message ends (0 when there is none or it cannot be located exactly).
+    def prompt_ids(
+        self, request: Request, generation: bool = True
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """Token ids of the request's prompt, and its anchors: where each message of the
+        conversation starts (the template's turn-opening control token) and where the
+        leading system message ends. Prefill batches end at the anchors, so the next
+        turn, whose prompt holds these messages at the same places, computes the same
+        batches up to its new message, and reuses them all (see ``batch_cuts``).
+        ``generation=False``: without the assistant's opening (the history as the next
+        turn's prompt will hold it, once the reply is one of its messages).
         Message contents are plain text: only the template's markup holds control
         tokens (a raw completion prompt is the client's own markup, parsed whole)."""
         if request.prompt is not None:
-            return self.prompter.ids([(request.prompt, True)]), 0
+            ids = self.prompter.ids([(request.prompt, True)])
+            return ids, self._turn_starts(ids)
         plan = self.tool_plan(request)
         messages = plan.messages if plan else request.messages
         tools = plan.tools if plan else None
         if plan and plan.format != "generic":
             self._check_native_tools(plan)
-        parts = _tools.render_parts(self.template, plan, messages)
+        parts = _tools.render_parts(self.template, plan, messages, generation)
         ids = self.prompter.chat_ids(parts, messages)
+        anchors = set(self._turn_starts(ids))
         system = [m for m in messages[:1] if m.role == "system"]
-        if not system or len(messages) < 2:
-            return ids, 0
-        head_parts = self.template.render_parts(system, add_generation_prompt=False, tools=tools)
-        if not head_parts:  # templates such as Gemma's put the system text in the first user turn
-            return ids, 0
-        head = self.prompter.ids(head_parts)
-        anchor = len(head) if ids[: len(head)] == head else 0
-        return ids, anchor
+        if system and len(messages) >= 2:
+            head_parts = self.template.render_parts(
+                system, add_generation_prompt=False, tools=tools
+            )
+            # templates such as Gemma's put the system text in the first user turn
+            head = self.prompter.ids(head_parts) if head_parts else []
+            if head and ids[: len(head)] == head:
+                anchors.add(len(head))
+        return ids, tuple(sorted(anchors))
+
+    def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
+        token = self.turn_token
+        if token is None:
+            return ()
+        return tuple(i for i, t in enumerate(ids) if t == token and i > 0)
+
+    def _find_turn_token(self) -> int | None:
+        """The control token that opens a turn (ChatML's ``<|im_start|>``, Gemma's
+        ``<start_of_turn>``): the first token of the assistant's opening, which the
+        template adds to a prompt. None when that is not a control token."""
+        probe = (Message("user", "x"),)
+        try:
+            bare = self.prompter.ids(self.template.render_parts(probe, False))
+            opened = self.prompter.ids(self.template.render_parts(probe, True))
+        except RequestError:
+            return None
+        if len(opened) <= len(bare) or opened[: len(bare)] != bare:
+            return None
+        first = opened[len(bare)]
+        return first if self.prompter.is_control(first) else None
 
     def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
         """How the request's tools and tool turns reach this model (None: it has none)."""

@@ -73,10 +73,14 @@ class PromptTokenizer:
             text = model.token_text(token)
             if attr & _CONTROL and text and text not in self._specials:
                 self._specials[text] = (token, attr)
+        self._control_ids = frozenset(token for token, _ in self._specials.values())
         pattern = trie_pattern(self._specials)
         self._split = re.compile(pattern) if pattern else None
         self._bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self._add_eos = bool(ll.llama_vocab_get_add_eos(model.vocab))
+
+    def is_control(self, token: int) -> bool:
+        return token in self._control_ids
 
     def has_control_text(self, text: str) -> bool:
         return bool(self._split and self._split.search(text))

@@ -364,14 +364,17 @@ def _generic_turns(messages: tuple[Message, ...], wrap_replies: bool) -> tuple[M
 
 
 def render_parts(
-    template: ChatTemplate, plan: ToolPlan | None, messages: tuple[Message, ...]
+    template: ChatTemplate,
+    plan: ToolPlan | None,
+    messages: tuple[Message, ...],
+    generation: bool = True,
 ) -> list[Part]:
     """The prompt's parts, rendered as the plan says. A template that refuses even the
     generic turns (plain system, user and assistant messages) is a clear 400: the
     model's template has no tool support."""
     tools = plan.tools if plan else None
     try:
-        return template.render_parts(messages, add_generation_prompt=True, tools=tools)
+        return template.render_parts(messages, add_generation_prompt=generation, tools=tools)
     except RequestError as exc:
         if plan is None or plan.format != "generic":
             raise

@@ -30,25 +30,34 @@ def test_batches_are_aligned_from_zero_with_the_last_two_tokens_apart() -> None:
 
 
 def test_a_system_prompt_ends_a_batch() -> None:
-    assert batch_cuts(300, 128, anchor=100) == [100, 128, 256, 298, 300]
-    assert batch_cuts(300, 128, anchor=299) == [128, 256, 298, 300]  # inside the tail
+    assert batch_cuts(300, 128, anchors=(100,)) == [100, 128, 256, 298, 300]
+    assert batch_cuts(300, 128, anchors=(299,)) == [128, 256, 298, 300]  # inside the tail
 
 
 @given(st.integers(1, 5000), st.integers(16, 512), st.integers(0, 5000), st.integers(1, 400))
 def test_a_longer_prompt_shares_every_aligned_batch(
     n: int, chunk: int, anchor: int, more: int
 ) -> None:
-    cuts = batch_cuts(n, chunk, anchor)
+    cuts = batch_cuts(n, chunk, (anchor,))
     assert cuts[-1] == n and cuts == sorted(set(cuts))
     assert all(0 < b - a <= chunk for a, b in itertools.pairwise([0, *cuts]))
-    longer = batch_cuts(n + more, chunk, anchor)
+    longer = batch_cuts(n + more, chunk, (anchor,))
     shared = [c for c in cuts[:-1] if c % chunk == 0 or c == anchor < n - 2]
     assert set(shared) <= set(longer)
 
 
+def test_every_message_start_ends_a_batch_and_a_later_turn_shares_them() -> None:
+    turn1 = batch_cuts(300, 128, anchors=(40, 120, 297))  # system ends at 40
+    assert turn1 == [40, 120, 128, 256, 297, 298, 300]
+    # turn 2 holds turn 1's messages (and the reply, up to 340) at the same places
+    turn2 = batch_cuts(420, 128, anchors=(40, 120, 297, 340))
+    assert [c for c in turn1 if c <= 297] == [c for c in turn2 if c <= 297]
+    assert 340 in turn2
+
+
 def test_a_reply_is_re_prefilled_along_the_aligned_batches() -> None:
     assert aligned_cuts(256, 700, 256) == [512]
-    assert aligned_cuts(100, 700, 256, anchor=300) == [256, 300, 512]
+    assert aligned_cuts(100, 700, 256, anchors=(300,)) == [256, 300, 512]
     assert aligned_cuts(512, 600, 256) == []
 
 
@@ -59,7 +68,7 @@ def test_common_prefix() -> None:
 
 
 def test_whole_chunks_are_merged_only_where_allowed() -> None:
-    cuts = batch_cuts(600, 64, anchor=100)  # 64, 100, 128, ..., 576, 598, 600
+    cuts = batch_cuts(600, 64, anchors=(100,))  # 64, 100, 128, ..., 576, 598, 600
     assert decode_groups(0, cuts, 64, 0) == [[c] for c in cuts]
     groups = decode_groups(0, cuts, 64, 256)
     assert groups[:3] == [[64], [100], [128]]  # the anchor splits two chunks

@@ -1,0 +1,115 @@
+"""Whole-history resends reuse the whole history (issue 18, item 3), exactly.
+
+Prefill batches end where each message starts, so a later turn's prompt, which holds
+the earlier messages at the same places, computes the same batches up to its new
+message; the reply (decoded a token at a time) is re-prefilled in those batches after
+its client has it. Each turn of a chat and each step of a tool loop then prefills only
+what is new, and greedy replies still equal ``--no-cache``, including when a step is
+sent the moment the previous reply ends (its own prefill does the re-prefill then).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
+
+from tests.conftest import SYSTEM
+
+pytestmark = pytest.mark.slow
+
+WEATHER = Tool(
+    "get_weather",
+    "The current weather in a city.",
+    json.dumps(
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    ),
+)
+
+
+def _reply(rt, request: Request, wait: bool = True) -> tuple[Message, int]:  # type: ignore[no-untyped-def]
+    """The reply as the next turn's message, and the prompt tokens that were cached."""
+    parts, done = [], None
+    for event in rt.generate(request):
+        if isinstance(event, Done):
+            done = event
+        else:
+            parts.append(event.text)
+    assert done is not None
+    if wait:
+        rt.wait_idle()
+    report = done.report
+    message = done.reply or Message("assistant", "".join(parts))
+    return message, sum(report.restored.values())
+
+
+def _history_tokens(rt, messages: tuple[Message, ...], request: Request) -> int:  # type: ignore[no-untyped-def]
+    """Where the next message starts: the history as the next prompt renders it."""
+    ids, _ = rt.engine.prompt_ids(replace(request, messages=messages), generation=False)
+    return len(ids)
+
+
+def _chat(messages: tuple[Message, ...], max_tokens: int = 12, **more: object) -> Request:
+    return Request(messages=messages, sampling=Sampling(max_tokens=max_tokens), **more)  # type: ignore[arg-type]
+
+
+def test_each_turn_of_a_chat_reuses_everything_before_its_new_message(
+    make_runtime, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    rt = make_runtime(tmp_path / "cached")
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    messages: tuple[Message, ...] = (SYSTEM, Message("user", "Name a colour."))
+    for follow in ("Another one?", "And a third?", None):
+        request = _chat(messages)
+        reply, cached = _reply(rt, request)
+        expected, _ = _reply(oracle, request)
+        assert reply.content == expected.content
+        if len(messages) > 2:  # every turn after the first
+            assert cached == _history_tokens(rt, messages[:-1], request), cached
+        if follow is None:
+            break
+        messages = (*messages, reply, Message("user", follow))
+
+
+def _said(message: Message) -> tuple[str, list[tuple[str, str]]]:
+    """What a reply says (call ids are fresh random names)."""
+    return message.content, [(c.name, c.arguments) for c in message.tool_calls]
+
+
+def _tool_loop(rt, wait: bool) -> list[tuple[Request, Message, int]]:  # type: ignore[no-untyped-def]
+    """Three steps of an agent loop: each is the whole history plus a tool result."""
+    steps = []
+    messages: tuple[Message, ...] = (SYSTEM, Message("user", "What is the weather in Oslo?"))
+    for _ in range(3):
+        request = _chat(messages, 64, tools=(WEATHER,), tool_choice="required")
+        reply, cached = _reply(rt, request, wait=wait)
+        steps.append((request, reply, cached))
+        calls = reply.tool_calls
+        assert calls, reply
+        result = json.dumps({"city": json.loads(calls[0].arguments).get("city"), "sky": "grey"})
+        tool = Message("tool", result, tool_call_id=calls[0].id, name=calls[0].name)
+        messages = (*messages, reply, tool)
+    return steps
+
+
+def test_a_tool_loop_sent_at_once_equals_no_cache_and_reuses_when_idle(
+    make_runtime, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Sent the moment the previous reply ends, a step takes the reply's re-prefill into
+    its own prefill; sent once the runtime is idle, it finds everything before its new
+    message. Either way its reply equals ``--no-cache``."""
+    rt = make_runtime(tmp_path / "cached")
+    at_once = _tool_loop(rt, wait=False)
+    rt.wait_idle()
+    assert rt.counters["preempted"] >= 1  # a step did find its previous reply's work pending
+    rt.evict_live()
+    idle = _tool_loop(make_runtime(tmp_path / "idle"), wait=True)
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    for steps in (at_once, idle):
+        for request, reply, _ in steps:
+            expected, _ = _reply(oracle, request)
+            assert _said(reply) == _said(expected)
+    for i, (request, _, cached) in enumerate(idle[1:], start=1):
+        assert cached == _history_tokens(rt, request.messages[:-1], request), (i, cached)
