@@ -18,6 +18,7 @@ from .doctor import ProgressLine, doctor_report, render_doctor
 from .engine._build import llama_build_info
 from .engine._engine import Engine, EngineConfig, fingerprint_of
 from .engine._kvblob import CacheLayout
+from .engine._llama import on_own_thread
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
 from .kvstore._disk import directory_problem
 from .policy import Tuning, choose, rates_from
@@ -115,13 +116,15 @@ def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None 
     profile = probe(cache_dir)
     target = _CalibrationTarget(loaded, settings)
     try:
-        calibration, reused = load_or_calibrate(
-            target,
-            profile,
-            settings.data_dir / "calibration.json",
-            settings.recalibrate,
-            progress,
-            cache_dir,
+        calibration, reused = on_own_thread(
+            lambda: load_or_calibrate(
+                target,
+                profile,
+                settings.data_dir / "calibration.json",
+                settings.recalibrate,
+                progress,
+                cache_dir,
+            )
         )
     finally:
         target.close()

@@ -25,7 +25,7 @@ from ..errors import EngineError, RequestError
 from ..kvstore._keys import common_prefix
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
-from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version
+from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version, on_own_thread
 from ._prompt import PromptTokenizer
 from ._sampling import Sampler
 from ._template import template_for
@@ -160,7 +160,7 @@ class Engine:
         self.layout = (
             _kvblob.BlobLayout(n_seq, config.kv_layout)
             if config.kv_layout is not None
-            else self._measure_layout()
+            else on_own_thread(self._measure_layout)
         )
         self.kv_bytes_per_token = self.layout.cell_bytes
         # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and a

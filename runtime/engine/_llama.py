@@ -10,9 +10,11 @@ import atexit
 import ctypes
 import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import llama_cpp
 import llama_cpp.llama_cpp as ll
@@ -168,6 +170,36 @@ def apply_builtin_template(name: str, turns: list[tuple[str, str]], add_generati
             return buf.raw[:n].decode("utf-8")
         cap = n
     raise EngineError(f"the chat template {name!r} kept growing")
+
+
+T = TypeVar("T")
+
+
+def on_own_thread(fn: Callable[[], T]) -> T:
+    """Runs ``fn`` on a thread that ends when it returns, and returns its result.
+
+    llama.cpp's CPU backend runs its threads through OpenMP, which keeps a team of
+    threads for every thread that ever decoded. With a second team alive (say, the
+    calibration's, on the main thread) there are more OpenMP threads than cores, and
+    libgomp then makes every barrier sleep instead of spin: the serving worker decoded
+    at one-thread speed in the process that calibrated, with 750 voluntary context
+    switches per token against 5. A thread that ends takes its team with it, so every
+    decode outside the runtime's worker thread (calibration, the layout probe) runs
+    through this."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="llama-probe")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
