@@ -24,7 +24,7 @@ import numpy as np
 from .engine._engine import Engine, Resident, reusable
 from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
-from .errors import WarmstartError
+from .errors import EngineError, WarmstartError
 from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
@@ -112,7 +112,8 @@ class Job:
                     yield from self._cancelled_in_prefill(res, have)
                     return
                 last = ends[-1] == len(self.ids)
-                engine.prefill(res, self.ids[have : ends[-1]], want_logits=last, ends=ends)
+                if not engine.prefill(res, self.ids[have : ends[-1]], last, ends):
+                    raise EngineError("a prompt's prefill was interrupted")  # never: see core
                 have = ends[-1]
                 if not last:
                     if engine.model.n_swa > 0:
@@ -346,10 +347,14 @@ class Job:
             return None
         engine.trim(res, keep)
         for ends in self._decodes(keep, cuts):
-            yield
-            if self.preempted:
-                return None
-            engine.prefill(res, target[len(res.tokens) : ends[-1]], want_logits=False, ends=ends)
+            batch = target[keep : ends[-1]]
+            while True:  # a request that arrives stops the batch; it is redone after it
+                yield
+                if self.preempted:
+                    return None
+                if engine.prefill(res, batch, want_logits=False, ends=ends):
+                    break
+            keep = ends[-1]
         return self._keep(res, [b for b in res.bounds if b <= cuts[-1]])
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:

@@ -144,6 +144,7 @@ class LocalRuntime:
         self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
         self._idle = threading.Event()
+        self._in_background = False  # the worker is in a step of background work
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
@@ -255,6 +256,8 @@ class LocalRuntime:
             job = Job(self.env, request, ids, anchors, stream, session_id, want_logits, history)
             job.report.trimmed_messages = trimmed
             self._waiting.append(job)
+            if self._in_background:  # a request waits: the background decode stops now
+                self.engine.interrupt(True)
             self._idle.clear()
             self.counters["requests"] += 1
             self._cv.notify()
@@ -354,6 +357,7 @@ class LocalRuntime:
                 break
             active.rotate(-1)
         job, steps = active.popleft()
+        background = job.background and self._mark_background(True)
         try:
             next(steps)
         except StopIteration:
@@ -363,7 +367,19 @@ class LocalRuntime:
             log.exception("request failed")
             job.stream.fail(exc)
             return
+        finally:
+            if background:
+                self._mark_background(False)
         active.append((job, steps))
+
+    def _mark_background(self, running: bool) -> bool:
+        """Background work (a reply's re-prefill) is running, or no longer: a request
+        submitted meanwhile interrupts its decode (see ``_submit``), which is redone
+        after it. Cleared before any request's own step, under the same lock."""
+        with self._cv:
+            self._in_background = running
+            self.engine.interrupt(False)
+        return running
 
     def _account(self, job: Job) -> None:
         r = job.report

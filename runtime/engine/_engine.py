@@ -25,7 +25,14 @@ from ..errors import EngineError, RequestError
 from ..kvstore._keys import common_prefix
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
-from ._llama import ContextConfig, LlamaContext, LlamaModel, llama_version, on_own_thread
+from ._llama import (
+    DECODE_ABORTED,
+    ContextConfig,
+    LlamaContext,
+    LlamaModel,
+    llama_version,
+    on_own_thread,
+)
 from ._prompt import PromptTokenizer
 from ._sampling import Sampler
 from ._template import template_for
@@ -141,6 +148,8 @@ class Engine:
         self.n_ctx = int(self.ctx.n_ctx) // n_seq
         self.residents = [Resident(seq) for seq in range(n_seq)]
         self.evictions = 0  # conversations pushed out of the live context
+        self.interruptions = 0  # background decodes stopped for a request
+        self.decoding = 0  # tokens of the decode in progress (0: none)
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
         self.prompter = PromptTokenizer(self.model)
         self.template = template_for(
@@ -350,20 +359,37 @@ class Engine:
         tokens: Sequence[int],
         want_logits: bool,
         ends: Sequence[int] = (),
-    ) -> None:
+    ) -> bool:
         """Computes ``tokens`` in one decode after what ``res`` holds. ``ends``: the batch
         ends inside it that it stands for (whole chunks merged where that gives the same
-        KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch."""
+        KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch. False,
+        with nothing of it kept, when ``interrupt`` stopped it (background work that a
+        request arrived for)."""
         n = len(res.tokens)
-        if self.ctx.decode(list(tokens), res.seq, n, want_logits) != 0:
+        self.decoding = len(tokens)
+        try:
+            ret = self.ctx.decode(list(tokens), res.seq, n, want_logits)
+        finally:
+            self.decoding = 0
+        if ret == DECODE_ABORTED:
+            self.interruptions += 1
+            return False
+        if ret != 0:
             raise EngineError("the conversation's KV stream is full")
         res.copy_pending = False
         res.tokens.extend(tokens)
         res.bounds.extend(ends or (len(res.tokens),))
+        return True
+
+    def interrupt(self, stop: bool) -> None:
+        """``True``: the decode in progress, and any until ``interrupt(False)``, stops
+        within one graph node and keeps nothing (callable from any thread)."""
+        self.ctx.abort_decode(stop)
 
     def step(self, res: Resident, token: int) -> None:
         """Decodes one generated token (a batch of its own)."""
-        self.prefill(res, (token,), want_logits=True)
+        if not self.prefill(res, (token,), want_logits=True):
+            raise EngineError("a reply's decode was interrupted")  # only background work is
 
     def sampler(self, sampling: Sampling) -> Sampler:
         return Sampler(sampling, self.model)

@@ -40,6 +40,32 @@ def _close_llama_cpp_devnull() -> None:
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
 _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0
 _DECODE_NO_SLOT = 1
+DECODE_ABORTED = 2  # llama_decode's code when the abort callback said stop
+
+
+def _abort_callback() -> Any:
+    """A C function for llama.cpp's abort callback that reads a flag without Python.
+
+    llama.cpp asks the callback between two graph nodes, from its compute thread. A
+    Python callback would take the GIL there, many times per decode; libc's
+    ``strlen`` on a two-byte buffer answers the same question with no Python at all:
+    b"\\1\\0" is length 1 (true, stop), b"\\0" length 0 (false). A ``bool`` return is
+    the low byte of the register a ``size_t`` comes back in on x86-64 and arm64.
+    None where no C library is found: background batches then run to their end."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        strlen = ctypes.CDLL(name).strlen
+    except (OSError, AttributeError):
+        return None
+    address = ctypes.cast(strlen, ctypes.c_void_p).value
+    return ll.ggml_abort_callback(address) if address else None
+
+
+_ABORT_CALLBACK = _abort_callback()
 
 
 def _silence_llama_logs() -> None:
@@ -245,6 +271,9 @@ class LlamaContext:
             raise EngineError("llama.cpp could not create a context (out of memory?)")
         self.mem = ll.llama_get_memory(self.ptr)
         self.n_ctx = int(ll.llama_n_ctx(self.ptr))
+        self._stop = ctypes.create_string_buffer(2)  # b"\0": go on; b"\1": abort the decode
+        if _ABORT_CALLBACK is not None:
+            ll.llama_set_abort_callback(self.ptr, _ABORT_CALLBACK, ctypes.addressof(self._stop))
         self._batch = ll.llama_batch_init(config.n_batch, 0, 1)
         self.n_vocab = model.n_vocab
 
@@ -252,6 +281,11 @@ class LlamaContext:
         """Decode threads from now on (None: as configured); prefill threads unchanged."""
         n = decode or self.config.decode_threads or os.cpu_count() or 1
         ll.llama_set_n_threads(self.ptr, n, self.config.n_threads or os.cpu_count() or 1)
+
+    def abort_decode(self, stop: bool) -> None:
+        """Makes the decode in progress, and every later one until ``stop`` is False
+        again, end early with DECODE_ABORTED (safe from any thread)."""
+        self._stop[0] = b"\1" if stop else b"\0"
 
     # sequences -------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
@@ -270,7 +304,8 @@ class LlamaContext:
     def decode(self, tokens: list[int], seq: int, pos0: int, want_logits: bool = True) -> int:
         """Feeds ``tokens`` at positions ``pos0...`` of ``seq``; the last one's logits are
         kept when ``want_logits``. Returns llama.cpp's code for "no KV slot" (1) so that
-        the caller can make room and retry; other failures raise."""
+        the caller can make room and retry, and DECODE_ABORTED (2, nothing kept) when
+        ``abort_decode`` stopped it; other failures raise."""
         batch = self._batch
         step = self.config.n_batch
         for start in range(0, len(tokens), step):
@@ -284,6 +319,9 @@ class LlamaContext:
                 batch.logits[i] = 1 if (want_logits and last_part and i == len(part) - 1) else 0
             batch.n_tokens = len(part)
             ret = ll.llama_decode(self.ptr, batch)
+            if ret == DECODE_ABORTED:  # nothing of this call is kept, earlier parts neither
+                self.seq_rm(seq, pos0, -1)
+                return ret
             if ret == _DECODE_NO_SLOT:
                 self.seq_rm(seq, pos0 + start, -1)
                 return ret
