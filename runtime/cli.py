@@ -252,15 +252,20 @@ def _print_available(settings: Settings, installed: set[str]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api import bind_listener, serve
+    from .api import bind_listener, bind_unix, serve
     from .factory import model_opener
 
     settings = settings_from(args)
     sock = bind_listener(settings)  # a port in use is reported now, not after the load
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     try:
-        with _open_runtime(settings) as rt:
-            serve(settings, rt, sock=sock, opener=model_opener(settings, say))
+        unix = bind_unix(settings.unix_socket)
+        try:
+            with _open_runtime(settings) as rt:
+                serve(settings, rt, sock=sock, opener=model_opener(settings, say), unix=unix)
+        finally:
+            if unix is not None:
+                unix.close()
     finally:
         sock.close()
     return 0

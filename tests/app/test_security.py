@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sqlite3
 import stat
 import sys
@@ -97,6 +99,85 @@ def test_an_impostor_on_the_apps_port_gets_no_message_and_no_key(
         app.window.close()
     finally:
         impostor.stop()
+
+
+@pytest.mark.gui
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_an_impostor_that_takes_the_port_when_the_apps_server_dies_gets_nothing(
+    qtbot, app_data, fake_server_cmd
+):
+    """The app's server dies and another program binds its port at once: the app's
+    next message, and every call after it, goes to the socket in the app's data
+    folder, where nobody listens now, and not to the impostor."""
+    port = free_port()
+    app = managed_app(qtbot, app_data, port)
+    app.start()
+    qtbot.waitUntil(lambda: app.connection.ready, timeout=WAIT)
+    with qtbot.waitSignal(app.chat.reply_finished, timeout=WAIT):
+        type_and_send(qtbot, app, "hi")
+    assert (app_data / "server.sock").exists()
+    local = app.connection.local
+    os.kill(local.pid, signal.SIGKILL)
+    local._proc.wait(10)
+    impostor = Impostor(at_port=port).start()  # the moment the port is free
+    try:
+        type_and_send(qtbot, app, "my bank password is hunter2")
+        qtbot.wait(4000)  # health, stats and session polls come and go meanwhile
+        assert not impostor.received("hunter2")
+        assert not impostor.received(app._server_key)
+        # at most the plain /health that finds it out: no key, no text, no other call
+        assert all((q.method, q.path, q.body) == ("GET", "/health", b"") for q in impostor.seen)
+        assert all("authorization" not in q.headers for q in impostor.seen)
+        qtbot.waitUntil(lambda: app.window.chat.error_banner.isVisible(), timeout=WAIT)
+        assert app.connection.state == "down"
+        app.window.close()
+    finally:
+        impostor.stop()
+    assert not (app_data / "server.sock").exists()
+
+
+def test_without_a_socket_the_app_checks_its_server_before_every_keyed_request(
+    tmp_path, monkeypatch
+):
+    """The fallback where there are no Unix sockets (Windows): the port, and before
+    each request with the key, a look at who listens there."""
+    monkeypatch.delenv("WARMSTART_API_KEY", raising=False)
+    monkeypatch.delenv("WARMSTART_UNIX_SOCKET", raising=False)
+    port, key = free_port(), "fallback-key-0123456789"
+    command = [sys.executable, "-m", "warmstart.runtime.api", "--fake", "--port", str(port)]
+    server = LocalServer(
+        command, tmp_path / "server.log", {"PYTHONPATH": str(ROOT)}, api_key=key
+    )
+    api = ApiClient(
+        f"http://127.0.0.1:{port}/v1",
+        api_key=key,
+        verify=True,
+        before_key=lambda: server.check_listening(port),
+    )
+    server.start()
+    try:
+        server.wait_ready(api.health, timeout=60)
+        assert api.sessions() == []
+        os.kill(server.pid, signal.SIGKILL)
+        server._proc.wait(10)
+        impostor = Impostor(at_port=port).start()
+        try:
+            with pytest.raises(UntrustedServer):
+                api.sessions()
+            stream = api.chat(
+                [{"role": "user", "content": "hunter2"}],
+                session_id="c",
+                model=None,
+                sampling=Sampling(),
+            )
+            with pytest.raises(UntrustedServer):
+                list(stream)
+            assert impostor.seen == []
+        finally:
+            impostor.stop()
+    finally:
+        api.close()
+        server.stop()
 
 
 def test_verify_sends_the_key_only_to_a_server_that_refuses_requests_without_it():
