@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._private import private_tree
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
 from .engine._build import llama_build_info
@@ -133,6 +134,7 @@ def open_runtime(
     settings: Settings, progress: Say | None = None, prewarm: bool = True
 ) -> LocalRuntime:
     say = progress or (lambda msg: log.info("%s", msg))
+    tighten(settings)
     say(f"loading model {settings.model} ...")
     loaded = load_model(settings)
     chosen = plan(settings, loaded, ProgressLine(sys.stderr) if progress else None)
@@ -145,6 +147,17 @@ def open_runtime(
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
+
+
+def tighten(settings: Settings) -> None:
+    """Makes every file and folder of the data and cache directories private before
+    anything reads them (see runtime/_private.py)."""
+    data, cache = settings.data_dir, settings.effective_cache_dir
+    # the cache usually lies inside the data dir: walked once, with it
+    for root in [data] if cache.is_relative_to(data) else [data, cache]:
+        changed = private_tree(root)
+        if changed:
+            log.warning("made %d entries of %s private: other users could read them", changed, root)
 
 
 def model_opener(settings: Settings, progress: Say | None = None) -> Callable[[Path], LocalRuntime]:

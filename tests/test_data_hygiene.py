@@ -1,0 +1,145 @@
+"""What the runtime finds on disk at start, without a model: loose modes are tightened
+everywhere in the data dir, a damaged sessions.db is set aside for a fresh one, and
+the rule that makes session ids safe names."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+from warmstart.runtime import _sqlite
+from warmstart.runtime._private import private_tree
+from warmstart.runtime.errors import CacheError, RequestError
+from warmstart.runtime.sessions import (
+    MAX_SESSION_ID,
+    SessionBook,
+    check_session_id,
+    session_id_problem,
+)
+from warmstart.runtime.types import Message
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+# -- modes --------------------------------------------------------------------------------
+
+
+def test_every_loose_file_and_folder_under_the_data_dir_is_tightened(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    chunk = data / "cache" / "blobs" / "ab" / "cd" / "0123.val"
+    chunk.parent.mkdir(parents=True)
+    files = [chunk, data / "calibration.json", data / "digests.json", data / "extra_buffers.json"]
+    for path in files:
+        path.write_text("{}")
+        path.chmod(0o644)
+    tool = data / "models" / "helper.sh"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    for folder in (data, data / "cache", chunk.parent, tool.parent):
+        folder.chmod(0o755)
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not ours to change")
+    outside.chmod(0o644)
+    (data / "link").symlink_to(outside)
+
+    folders = [data, *(p for p in data.rglob("*") if p.is_dir() and not p.is_symlink())]
+    assert private_tree(data) == len(files) + 1 + len(folders) == 11
+    assert all(mode(p) == 0o600 for p in files)
+    assert mode(tool) == 0o700  # its owner keeps what it had
+    assert all(mode(p) == 0o700 for p in [data, *data.rglob("*")] if p.is_dir())
+    assert mode(outside) == 0o644  # a symlink is not followed
+    assert private_tree(data) == 0  # nothing left to do
+    assert private_tree(tmp_path / "absent") == 0
+
+
+@pytest.mark.usefixtures("clean_settings")
+def test_opening_a_runtime_tightens_its_directories_first(tmp_path: Path) -> None:
+    from warmstart.runtime import factory
+    from warmstart.runtime.errors import ModelError
+    from warmstart.runtime.settings import load_settings
+
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    for folder in (data, cache):
+        folder.mkdir()
+        (folder / "calibration.json").write_text("{}")
+        (folder / "calibration.json").chmod(0o644)
+    settings = load_settings(data_dir=data, cache_dir=cache, model=str(tmp_path / "no.gguf"))
+    with pytest.raises(ModelError):
+        factory.open_runtime(settings)  # fails at the model, after the tightening
+    assert mode(data / "calibration.json") == 0o600
+    assert mode(cache / "calibration.json") == 0o600
+
+
+# -- a damaged sessions.db ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"this is not a database at all" * 100, b"SQLite format 3\x00" + b"\xff" * 8000],
+    ids=["not-a-database", "corrupt-header"],
+)
+def test_a_damaged_sessions_db_is_set_aside_and_a_fresh_one_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: bytes
+) -> None:
+    path = tmp_path / "sessions.db"
+    path.write_bytes(damage)
+    with caplog.at_level(logging.ERROR, "warmstart.runtime.sessions"):
+        book = SessionBook(path)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("sessions.damaged-")]
+    names = [p.name for p in aside]
+    assert len(names) == 1 and names[0].endswith(".db")
+    assert (tmp_path / names[0]).read_bytes() == damage  # kept as it was, for recovery
+    assert "damaged" in caplog.text and names[0] in caplog.text
+    book.save("s1", (Message("user", "hello"),), 3, None, None)
+    assert [r.id for r in book.list()] == ["s1"]
+    book.close()
+    again = SessionBook(path)  # the fresh one is a good database: nothing set aside now
+    assert [r.id for r in again.list()] == ["s1"]
+    again.close()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("sessions.damaged-")] == aside
+
+
+def test_a_database_that_cannot_be_opened_is_not_taken_for_damaged(tmp_path: Path) -> None:
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5  # type: ignore[attr-defined]
+    assert not _sqlite.is_damaged(CacheError("x"))
+    wrapped = CacheError("sessions.db: database is locked")
+    wrapped.__cause__ = locked
+    assert not _sqlite.is_damaged(wrapped)
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        pytest.skip("root reads any file")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "sessions.db").write_bytes(b"")
+    (folder / "sessions.db").chmod(0)
+    with pytest.raises(CacheError):
+        SessionBook(folder / "sessions.db")
+    assert sorted(p.name for p in folder.iterdir()) == ["sessions.db"]  # nothing moved
+
+
+# -- session ids ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a/b", "/etc/passwd", "../x/y", "..", "x..y", "a\\b", "a\nb", "a\x00", "\x7f", "a\u2028b"],
+)
+def test_unsafe_session_ids_are_refused_with_the_rule(value: str) -> None:
+    assert session_id_problem(value) is not None
+    with pytest.raises(RequestError, match="session id is a name of") as caught:
+        check_session_id(value, "user")
+    assert caught.value.param == "user"
+
+
+def test_ordinary_ids_pass_and_length_is_bounded() -> None:
+    for value in ("alice@example.com", "c1a2b3", "my chat", "café", "a.b", "x" * MAX_SESSION_ID):
+        assert session_id_problem(value) is None, value
+    assert session_id_problem("") is not None
+    assert "characters long" in (session_id_problem("x" * (MAX_SESSION_ID + 1)) or "")
