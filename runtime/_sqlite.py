@@ -58,7 +58,11 @@ def is_damaged(exc: BaseException) -> bool:
     if isinstance(cause, Damaged):
         return True
     code = getattr(cause, "sqlite_errorcode", None)
-    return isinstance(cause, sqlite3.DatabaseError) and code is not None and code & 0xFF in _DAMAGED_CODES
+    return (
+        isinstance(cause, sqlite3.DatabaseError)
+        and code is not None
+        and code & 0xFF in _DAMAGED_CODES
+    )
 
 
 def set_aside(path: Path) -> Path:

@@ -65,7 +65,7 @@ class _UnixTransport(httpx.BaseTransport):
         self._inner = httpx.HTTPTransport(uds=path)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        probe = socket.socket(getattr(socket, "AF_UNIX"), socket.SOCK_STREAM)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.settimeout(5.0)
             probe.connect(self._path)

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from warmstart.runtime.sessions import MAX_SESSION_ID
 
 BAD = {

@@ -145,9 +145,7 @@ def test_without_a_socket_the_app_checks_its_server_before_every_keyed_request(
     monkeypatch.delenv("WARMSTART_UNIX_SOCKET", raising=False)
     port, key = free_port(), "fallback-key-0123456789"
     command = [sys.executable, "-m", "warmstart.runtime.api", "--fake", "--port", str(port)]
-    server = LocalServer(
-        command, tmp_path / "server.log", {"PYTHONPATH": str(ROOT)}, api_key=key
-    )
+    server = LocalServer(command, tmp_path / "server.log", {"PYTHONPATH": str(ROOT)}, api_key=key)
     api = ApiClient(
         f"http://127.0.0.1:{port}/v1",
         api_key=key,
