@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 from warmstart.app.core.api import ApiClient
-from warmstart.app.core.errors import UntrustedServer
+from warmstart.app.core.errors import AppError, ServerUnavailable, UntrustedServer
 from warmstart.app.core.launcher import LOG_BACKUPS, LOG_BYTES, LocalServer, serve_command
 from warmstart.app.core.migrations import MIGRATIONS, migrate
 from warmstart.app.core.preferences import Preferences
 from warmstart.app.core.secret_store import ACCOUNT, FALLBACK_FILE, SERVICE, KeyringOrFile
 from warmstart.app.core.store import ConversationStore
-from warmstart.app.core.types import Sampling
+from warmstart.app.core.types import Finished, Sampling
 from warmstart.app.qt.application import Options, WarmstartApp
 
 from tests.app.impostor import Impostor
@@ -514,3 +514,59 @@ def test_warmstart_serve_started_like_the_app_does_takes_the_key_from_the_file(
     finally:
         api.close()
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_the_real_server_started_like_the_app_does_leaves_an_impostor_nothing(
+    tmp_path, model_path, monkeypatch
+):
+    """``warmstart serve`` on the real model, with the socket, key and environment the
+    app gives it: killed, and its port taken at once, the app's next message and
+    calls go nowhere, and the impostor gets none of them."""
+    from warmstart.app.core.launcher import new_key, socket_path_for
+
+    monkeypatch.delenv("WARMSTART_API_KEY", raising=False)
+    port, key = free_port(), new_key()
+    app_dir = tmp_path / "app"
+    app_dir.mkdir(mode=0o700)
+    sock = socket_path_for(app_dir)
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "WARMSTART_DATA_DIR": str(tmp_path / "data"),
+        "WARMSTART_MODEL": str(model_path),
+        "WARMSTART_N_CTX": "1024",
+        "WARMSTART_PREWARM_SESSIONS": "0",
+    }
+    server = LocalServer(
+        serve_command(port), app_dir / "server.log", env, api_key=key, socket_path=sock
+    )
+    # no owner check (before_key): the socket alone must keep the impostor out
+    api = ApiClient(f"http://127.0.0.1:{port}/v1", api_key=key, verify=True, uds=str(sock))
+    chat = {"session_id": "c1", "model": None, "sampling": Sampling(max_tokens=4)}
+    server.start()
+    try:
+        server.wait_ready(api.health, timeout=300)
+        assert sock is not None and mode(sock) == 0o600
+        assert isinstance(
+            list(api.chat([{"role": "user", "content": "Say hi."}], **chat))[-1], Finished
+        )
+        os.kill(server.pid, signal.SIGKILL)
+        server._proc.wait(30)
+        impostor = Impostor(at_port=port).start()
+        try:
+            with pytest.raises(ServerUnavailable):
+                list(api.chat([{"role": "user", "content": "hunter2"}], **chat))
+            for call in (api.stats, api.sessions, lambda: api.prewarm("c1")):
+                with pytest.raises(AppError):  # unavailable, then (checked again) refused
+                    call()
+            with pytest.raises(UntrustedServer, match="another program"):
+                api.health()  # without the key: this finds the impostor out
+            assert not impostor.received("hunter2") and not impostor.received(key)
+            assert [(s.method, s.path) for s in impostor.seen] == [("GET", "/health")]
+        finally:
+            impostor.stop()
+    finally:
+        api.close()
+        server.stop()
+    assert not sock.exists()
