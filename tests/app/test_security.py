@@ -570,3 +570,21 @@ def test_the_real_server_started_like_the_app_does_leaves_an_impostor_nothing(
         api.close()
         server.stop()
     assert not sock.exists()
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_a_data_dir_too_long_for_a_socket_gets_a_private_temporary_folder(tmp_path):
+    from warmstart.app.core.launcher import MAX_SOCKET_PATH, socket_path_for
+
+    short = socket_path_for(tmp_path)
+    assert short == tmp_path / "server.sock"
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    path = socket_path_for(deep)
+    assert path is not None and len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
+    assert path.parent != deep and mode(path.parent) == 0o700
+    assert path.parent.stat().st_uid == os.getuid()
+    server = LocalServer([sys.executable, "-c", "pass"], tmp_path / "server.log", socket_path=path)
+    server.start()
+    server._proc.wait(30)
+    server.stop()
+    assert not path.parent.exists()  # the folder made for it goes with it
