@@ -64,10 +64,21 @@ def _print_reply(stream: Any) -> Any:
     return report
 
 
+def _check_session_flag(args: argparse.Namespace) -> None:
+    """A --session that cannot name a session is refused before the model loads (the
+    runtime would refuse it after): ``warmstart sessions`` still reads and deletes
+    one stored under such an id by an older version."""
+    from .sessions import check_session_id
+
+    if args.session is not None:
+        check_session_id(args.session, "--session")
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     from .types import Message, Request, Sampling
 
     settings = settings_from(args)
+    _check_session_flag(args)
     messages: list[Message] = [Message("system", args.system)] if args.system else []
     # one question: it fetches what it needs itself; warming other conversations
     # would only compete with it for the disk (and a restore that races the promotion
@@ -99,6 +110,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatLoop
 
     settings = settings_from(args)
+    _check_session_flag(args)
     read = TurnReader()  # a line is a turn; a """ block is one too
     if sys.stdin.isatty():
         # input() gains line editing and this session's history (kept in memory only:
