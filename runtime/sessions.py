@@ -59,9 +59,9 @@ SESSION_ID_RULE = (
 def session_id_problem(value: str) -> str | None:
     """What makes ``value`` unfit to name a new session, or None when it is fine.
 
-    Ids end up in URL paths, file names of exports and command lines: a slash or a
-    '..' there reads as a path (and such a session could never be read back through
-    its URL), a control character rewrites a terminal."""
+    Ids end up in URL paths and on terminals: a slash or a '..' reads as a path there
+    (such a session could not be read back through its URL), a control character
+    rewrites what a terminal shows."""
     if not value:
         return "is empty"
     if len(value) > MAX_SESSION_ID:
@@ -157,7 +157,7 @@ def _open(path: Path) -> sqlite3.Connection:
     aside = _sqlite.set_aside(path)
     log.error(
         "the sessions database %s is damaged (%s): moved it to %s and started an empty "
-        "one; the conversations it listed are not shown (their KV cache is kept)",
+        "one; the conversations it listed are not shown",
         path,
         problem,
         aside,

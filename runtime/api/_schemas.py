@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
-from ..sessions import SESSION_ID_RULE, session_id_problem
+from ..sessions import MAX_SESSION_ID, SESSION_ID_RULE, session_id_problem
 from ..types import Message, Request, Sampling, SessionInfo, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
@@ -77,7 +77,12 @@ def safe_session_id(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-SESSION_ID = Annotated[Text, AfterValidator(safe_session_id)]
+# the bounds are stated in the OpenAPI document and checked with the rest of the rule
+SESSION_ID = Annotated[
+    Text,
+    AfterValidator(safe_session_id),
+    Field(json_schema_extra={"minLength": 1, "maxLength": MAX_SESSION_ID}),
+]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 
 

@@ -28,10 +28,10 @@ CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 def _refused(reply: httpx.Response, param: str | None = None) -> None:
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
-    if isinstance(error, str):  # Ollama's shape: the message alone
-        assert "session id is a name of" in error
+    said = error if isinstance(error, str) else error["message"]  # Ollama: the message
+    assert "session id is a name of" in said, said
+    if isinstance(error, str):
         return
-    assert "session id is a name of" in error["message"]
     if param is not None:
         assert error["param"] == param
 
