@@ -48,7 +48,8 @@ def connect(
 def _quick_check(conn: sqlite3.Connection) -> None:
     found = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
     if found != ["ok"]:
-        raise Damaged("; ".join(str(f) for f in found))
+        # SQLite's report spans lines; the log gets one
+        raise Damaged("; ".join(" ".join(str(f).split()) for f in found))
 
 
 def is_damaged(exc: BaseException) -> bool:

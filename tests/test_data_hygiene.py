@@ -106,6 +106,25 @@ def test_a_damaged_sessions_db_is_set_aside_and_a_fresh_one_used(
     assert [p for p in tmp_path.iterdir() if p.name.startswith("sessions.damaged-")] == aside
 
 
+def test_damaged_pages_that_opening_does_not_notice_are_found_by_the_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sessions.db"
+    book = SessionBook(path)
+    for i in range(300):
+        book.save(f"s{i}", (Message("user", "x" * 500),), 3, None, None)
+    book.close()
+    data = bytearray(path.read_bytes())
+    data[3 * 4096 : 3 * 4096 + 200] = b"\xab" * 200  # a b-tree page; the header is fine
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, "warmstart.runtime.sessions"):
+        fresh = SessionBook(path)
+    assert fresh.list() == []
+    fresh.close()
+    assert "btreeInitPage" in caplog.text and "\n" not in caplog.records[0].getMessage()
+    assert len(list(tmp_path.glob("sessions.damaged-*.db"))) == 1
+
+
 def test_a_database_that_cannot_be_opened_is_not_taken_for_damaged(tmp_path: Path) -> None:
     locked = sqlite3.OperationalError("database is locked")
     locked.sqlite_errorcode = 5  # type: ignore[attr-defined]
