@@ -10,6 +10,7 @@ fill) a directory someone else chose.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import stat
 from pathlib import Path
@@ -56,16 +57,28 @@ def private_file(path: Path) -> None:
         pass
 
 
-def private_tree(root: Path) -> int:
-    """Tightens what lies under ``root`` (itself included) to owner-only: directories
-    to 0700, files to their owner's bits (0600 for data). Earlier versions, a copy
-    or another umask may have left chunk files, calibration.json or digests.json
-    readable by others. Symlinks are neither followed nor changed; entries of other
-    users are left alone (chmod would fail anyway). Returns how many were changed."""
+def private_tree(root: Path, entries: tuple[str, ...] = ("*",)) -> int:
+    """Tightens the entries of ``root`` whose names match ``entries`` (glob patterns),
+    and everything under them, to owner-only: directories to 0700, files to their
+    owner's bits (0600 for data). Earlier versions, a copy or another umask may have
+    left chunk files, calibration.json or digests.json readable by others. Only the
+    entries named are touched, so a data dir someone pointed at a folder of their own
+    keeps the rest as it was. Symlinks are neither followed nor changed; entries of
+    other users are left alone (chmod would fail anyway). Returns how many changed."""
     if root.is_symlink() or not root.is_dir():
         return 0
     changed = 0
-    for folder, dirs, files in os.walk(root):
+    for entry in root.iterdir():
+        if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in entries):
+            changed += _tighten_all(entry)
+    return changed
+
+
+def _tighten_all(top: Path) -> int:
+    if top.is_symlink() or not top.is_dir():
+        return _tighten(top, None)
+    changed = 0
+    for folder, dirs, files in os.walk(top):
         base = Path(folder)
         changed += _tighten(base, 0o700)
         for name in files:

@@ -149,15 +149,23 @@ def open_runtime(
     return rt
 
 
+# What warmstart keeps in the data dir and in a cache dir (see docs/security.md)
+DATA_ENTRIES = ("sessions*.db*", "*.json*", "cache", "models")
+CACHE_ENTRIES = ("index.db*", "blobs")
+
+
 def tighten(settings: Settings) -> None:
-    """Makes every file and folder of the data and cache directories private before
-    anything reads them (see runtime/_private.py)."""
+    """Makes what warmstart keeps in the data and cache directories private before
+    anything reads it (see runtime/_private.py); the directories themselves are
+    checked where they are opened."""
     data, cache = settings.data_dir, settings.effective_cache_dir
-    # the cache usually lies inside the data dir: walked once, with it
-    for root in [data] if cache.is_relative_to(data) else [data, cache]:
-        changed = private_tree(root)
-        if changed:
-            log.warning("made %d entries of %s private: other users could read them", changed, root)
+    changed = private_tree(data, DATA_ENTRIES)
+    if cache != data / "cache":  # a cache dir of its own: its entries too
+        changed += private_tree(cache, CACHE_ENTRIES)
+    if changed:
+        log.warning(
+            "made %d files and folders of %s private: others could read them", changed, data
+        )
 
 
 def model_opener(settings: Settings, progress: Say | None = None) -> Callable[[Path], LocalRuntime]:

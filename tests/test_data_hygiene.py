@@ -30,11 +30,14 @@ def mode(path: Path) -> int:
 # -- modes --------------------------------------------------------------------------------
 
 
-def test_every_loose_file_and_folder_under_the_data_dir_is_tightened(tmp_path: Path) -> None:
+def test_every_loose_file_and_folder_warmstart_keeps_is_tightened(tmp_path: Path) -> None:
+    from warmstart.runtime.factory import DATA_ENTRIES
+
     data = tmp_path / "data"
     chunk = data / "cache" / "blobs" / "ab" / "cd" / "0123.val"
     chunk.parent.mkdir(parents=True)
-    files = [chunk, data / "calibration.json", data / "digests.json", data / "extra_buffers.json"]
+    files = [chunk, data / "cache" / "index.db", data / "sessions.db", data / "sessions.db-wal"]
+    files += [data / "calibration.json", data / "digests.json", data / "extra_buffers.json"]
     for path in files:
         path.write_text("{}")
         path.chmod(0o644)
@@ -42,20 +45,24 @@ def test_every_loose_file_and_folder_under_the_data_dir_is_tightened(tmp_path: P
     tool.parent.mkdir()
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
-    for folder in (data, data / "cache", chunk.parent, tool.parent):
+    folders = [data / "cache", data / "cache" / "blobs", chunk.parent.parent, chunk.parent]
+    folders += [tool.parent]
+    for folder in folders:
         folder.chmod(0o755)
+    mine = data / "notes.txt"  # not warmstart's: a data dir pointed at a folder in use
+    mine.write_text("mine")
+    mine.chmod(0o644)
     outside = tmp_path / "elsewhere.txt"
     outside.write_text("not ours to change")
     outside.chmod(0o644)
-    (data / "link").symlink_to(outside)
+    (data / "link.json").symlink_to(outside)
 
-    folders = [data, *(p for p in data.rglob("*") if p.is_dir() and not p.is_symlink())]
-    assert private_tree(data) == len(files) + 1 + len(folders) == 11
+    assert private_tree(data, DATA_ENTRIES) == len(files) + 1 + len(folders)
     assert all(mode(p) == 0o600 for p in files)
     assert mode(tool) == 0o700  # its owner keeps what it had
-    assert all(mode(p) == 0o700 for p in [data, *data.rglob("*")] if p.is_dir())
-    assert mode(outside) == 0o644  # a symlink is not followed
-    assert private_tree(data) == 0  # nothing left to do
+    assert all(mode(p) == 0o700 for p in folders)
+    assert mode(mine) == 0o644 and mode(outside) == 0o644  # a symlink is not followed
+    assert private_tree(data, DATA_ENTRIES) == 0  # nothing left to do
     assert private_tree(tmp_path / "absent") == 0
 
 
@@ -66,15 +73,15 @@ def test_opening_a_runtime_tightens_its_directories_first(tmp_path: Path) -> Non
     from warmstart.runtime.settings import load_settings
 
     data, cache = tmp_path / "data", tmp_path / "cache"
-    for folder in (data, cache):
-        folder.mkdir()
-        (folder / "calibration.json").write_text("{}")
-        (folder / "calibration.json").chmod(0o644)
+    loose = [data / "calibration.json", cache / "index.db", cache / "blobs" / "x.val"]
+    for path in loose:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        path.chmod(0o644)
     settings = load_settings(data_dir=data, cache_dir=cache, model=str(tmp_path / "no.gguf"))
     with pytest.raises(ModelError):
         factory.open_runtime(settings)  # fails at the model, after the tightening
-    assert mode(data / "calibration.json") == 0o600
-    assert mode(cache / "calibration.json") == 0o600
+    assert [mode(p) for p in loose] == [0o600] * 3
 
 
 # -- a damaged sessions.db ------------------------------------------------------------------
