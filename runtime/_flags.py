@@ -52,6 +52,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # what a client of a running server needs (cache and sessions ask it first)
     "client": ("host", "port", "api_key", "api_key_file", "tls_cert"),
     "server": (
+        "unix_socket",
         "allowed_hosts",
         "cors_origins",
         "warmstart_routes",

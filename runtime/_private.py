@@ -2,13 +2,15 @@
 
 Directories are 0700 and files 0600 from creation (the CLI and the app set the
 umask to 077 at start; code that may run under another umask chmods what it
-creates), and existing ones with looser modes are tightened. A directory given as
+creates), and existing ones with looser modes are tightened: at start, everything
+under the data and cache directories (:func:`private_tree`). A directory given as
 a symlink, or owned by another user, is refused: following it would re-mode (or
 fill) a directory someone else chose.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import stat
 from pathlib import Path
@@ -53,3 +55,47 @@ def private_file(path: Path) -> None:
             path.chmod(0o600)
     except FileNotFoundError:
         pass
+
+
+def private_tree(root: Path, entries: tuple[str, ...] = ("*",)) -> int:
+    """Tightens the entries of ``root`` whose names match ``entries`` (glob patterns),
+    and everything under them, to owner-only: directories to 0700, files to their
+    owner's bits (0600 for data). Earlier versions, a copy or another umask may have
+    left chunk files, calibration.json or digests.json readable by others. Only the
+    entries named are touched, so a data dir someone pointed at a folder of their own
+    keeps the rest as it was. Symlinks are neither followed nor changed; entries of
+    other users are left alone (chmod would fail anyway). Returns how many changed."""
+    if root.is_symlink() or not root.is_dir():
+        return 0
+    changed = 0
+    for entry in root.iterdir():
+        if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in entries):
+            changed += _tighten_all(entry)
+    return changed
+
+
+def _tighten_all(top: Path) -> int:
+    if top.is_symlink() or not top.is_dir():
+        return _tighten(top, None)
+    changed = 0
+    for folder, dirs, files in os.walk(top):
+        base = Path(folder)
+        changed += _tighten(base, 0o700)
+        for name in files:
+            changed += _tighten(base / name, None)
+        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+    return changed
+
+
+def _tighten(path: Path, mode: int | None) -> int:
+    try:
+        info = path.lstat()
+        loose = stat.S_IMODE(info.st_mode)
+        if stat.S_ISLNK(info.st_mode) or not loose & 0o077:
+            return 0
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return 0
+        path.chmod(mode if mode is not None else loose & 0o700)
+    except OSError:  # gone meanwhile, or not ours to change: nothing to tighten here
+        return 0
+    return 1

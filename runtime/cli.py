@@ -64,10 +64,21 @@ def _print_reply(stream: Any) -> Any:
     return report
 
 
+def _check_session_flag(args: argparse.Namespace) -> None:
+    """A --session that cannot name a session is refused before the model loads (the
+    runtime would refuse it after): ``warmstart sessions`` still reads and deletes
+    one stored under such an id by an older version."""
+    from .sessions import check_session_id
+
+    if args.session is not None:
+        check_session_id(args.session, "--session")
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     from .types import Message, Request, Sampling
 
     settings = settings_from(args)
+    _check_session_flag(args)
     messages: list[Message] = [Message("system", args.system)] if args.system else []
     # one question: it fetches what it needs itself; warming other conversations
     # would only compete with it for the disk (and a restore that races the promotion
@@ -99,6 +110,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatLoop
 
     settings = settings_from(args)
+    _check_session_flag(args)
     read = TurnReader()  # a line is a turn; a """ block is one too
     if sys.stdin.isatty():
         # input() gains line editing and this session's history (kept in memory only:
@@ -252,15 +264,20 @@ def _print_available(settings: Settings, installed: set[str]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api import bind_listener, serve
+    from .api import bind_listener, bind_unix, serve
     from .factory import model_opener
 
     settings = settings_from(args)
     sock = bind_listener(settings)  # a port in use is reported now, not after the load
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     try:
-        with _open_runtime(settings) as rt:
-            serve(settings, rt, sock=sock, opener=model_opener(settings, say))
+        unix = bind_unix(settings.unix_socket)
+        try:
+            with _open_runtime(settings) as rt:
+                serve(settings, rt, sock=sock, opener=model_opener(settings, say), unix=unix)
+        finally:
+            if unix is not None:
+                unix.close()
     finally:
         sock.close()
     return 0

@@ -35,7 +35,7 @@ from .kvstore._pressure import MemoryWatcher
 from .kvstore._store import TieredStore
 from .models import DigestCache, ModelManager
 from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
-from .sessions import SessionBook, derived_session_id
+from .sessions import SessionBook, check_session_id, derived_session_id
 from .settings import Settings
 from .streams import QueueStream
 from .types import TIERS, Embeddings, Report, Request, SessionInfo, Stream
@@ -197,6 +197,8 @@ class LocalRuntime:
             raise RequestError("messages must not be empty", param="messages")
         if request.prompt is not None and not request.prompt:
             raise RequestError("prompt must not be empty", param="prompt")
+        if request.session_id is not None:
+            check_session_id(request.session_id)
         if s.max_tokens < 1:
             raise RequestError("max_tokens must be at least 1", param="max_tokens")
         if not 0.0 <= s.temperature <= 2.0:
@@ -485,6 +487,7 @@ class LocalRuntime:
                 "take conversations over",
                 "history",
             )
+        check_session_id(info.id, "id")
         return self.book.import_(info)
 
     def stats(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._private import private_tree
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
 from .engine._build import llama_build_info
@@ -136,6 +137,7 @@ def open_runtime(
     settings: Settings, progress: Say | None = None, prewarm: bool = True
 ) -> LocalRuntime:
     say = progress or (lambda msg: log.info("%s", msg))
+    tighten(settings)
     say(f"loading model {settings.model} ...")
     loaded = load_model(settings)
     chosen = plan(settings, loaded, ProgressLine(sys.stderr) if progress else None)
@@ -148,6 +150,25 @@ def open_runtime(
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
+
+
+# What warmstart keeps in the data dir and in a cache dir (see docs/security.md)
+DATA_ENTRIES = ("sessions*.db*", "*.json*", "cache", "models")
+CACHE_ENTRIES = ("index.db*", "blobs")
+
+
+def tighten(settings: Settings) -> None:
+    """Makes what warmstart keeps in the data and cache directories private before
+    anything reads it (see runtime/_private.py); the directories themselves are
+    checked where they are opened."""
+    data, cache = settings.data_dir, settings.effective_cache_dir
+    changed = private_tree(data, DATA_ENTRIES)
+    if cache != data / "cache":  # a cache dir of its own: its entries too
+        changed += private_tree(cache, CACHE_ENTRIES)
+    if changed:
+        log.warning(
+            "made %d files and folders of %s private: others could read them", changed, data
+        )
 
 
 def model_opener(settings: Settings, progress: Say | None = None) -> Callable[[Path], LocalRuntime]:

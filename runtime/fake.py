@@ -39,6 +39,7 @@ from typing import Any
 
 from .engine._tools import check_choice, new_call_id
 from .errors import Busy, ContextOverflow, RequestError
+from .sessions import check_session_id
 from .streams import QueueStream
 from .types import (
     TIERS,
@@ -235,6 +236,7 @@ class FakeRuntime:
 
     def import_session(self, info: SessionInfo) -> bool:
         """An imported conversation has no cached tokens: its tier is "none"."""
+        check_session_id(info.id, "id")
         with self._cond:
             if info.id in self._entries:
                 return False
@@ -372,7 +374,7 @@ class FakeRuntime:
     def _session_id(request: Request) -> str:
         """The client's hint, else a name derived from how the conversation starts."""
         if request.session_id:
-            return request.session_id
+            return check_session_id(request.session_id)
         head = request.prompt[:200] if request.prompt is not None else repr(request.messages[:2])
         return "conv-" + hashlib.sha256(head.encode()).hexdigest()[:12]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -15,6 +16,13 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 0.5  # a server on this machine answers /health in milliseconds
 _ANY = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def session_path(session_id: str) -> str:
+    """``/sessions/<id>``, the id encoded whole: a '/' in it (sessions stored before
+    ids were checked may hold one) must not split the path, and a '..' must not be
+    removed from it by the HTTP client."""
+    return "/sessions/" + quote(session_id, safe="").replace(".", "%2E")
 
 
 class RemoteError(WarmstartError):
@@ -73,11 +81,11 @@ class Server:
         return list(self._call("GET", "/sessions")["data"])
 
     def session(self, session_id: str) -> dict[str, Any] | None:
-        found = self._call("GET", f"/sessions/{session_id}")
+        found = self._call("GET", session_path(session_id))
         return dict(found) if found is not None else None
 
     def delete_session(self, session_id: str) -> bool:
-        return self._call("DELETE", f"/sessions/{session_id}") is not None
+        return self._call("DELETE", session_path(session_id)) is not None
 
     def close(self) -> None:
         self._client.close()

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +21,10 @@ from typing import Any
 
 from . import _sqlite
 from ._private import private_dir
+from .errors import CacheError, RequestError
 from .types import Message, SessionInfo, ToolCall
 
+log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New conversation"
 MIGRATIONS = [
     (
@@ -42,6 +47,42 @@ class SessionRow:
     fingerprint: str | None
     leaf: bytes | None
     messages: tuple[Message, ...]
+
+
+MAX_SESSION_ID = 256  # characters
+SESSION_ID_RULE = (
+    f"a session id is a name of 1 to {MAX_SESSION_ID} characters without '/', '\\', "
+    "'..' or control characters"
+)
+
+
+def session_id_problem(value: str) -> str | None:
+    """What makes ``value`` unfit to name a new session, or None when it is fine.
+
+    Ids end up in URL paths and on terminals: a slash or a '..' reads as a path there
+    (such a session could not be read back through its URL), a control character
+    rewrites what a terminal shows."""
+    if not value:
+        return "is empty"
+    if len(value) > MAX_SESSION_ID:
+        return f"is {len(value)} characters long"
+    if "/" in value or "\\" in value:
+        return "contains a slash"
+    if ".." in value:
+        return "contains '..'"
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+            return f"contains the control character U+{ord(ch):04X}"
+    return None
+
+
+def check_session_id(value: str, param: str = "session_id") -> str:
+    """``value`` when it may name a new session; else RequestError naming ``param``."""
+    problem = session_id_problem(value)
+    if problem is not None:
+        shown = value if len(value) <= 64 else value[:61] + "..."
+        raise RequestError(f"{param}: {shown!r} {problem}; {SESSION_ID_RULE}", param=param)
+    return value
 
 
 def new_session_id() -> str:
@@ -101,6 +142,29 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
+def _open(path: Path) -> sqlite3.Connection:
+    """The database, or a fresh one when the file is damaged: the server starts and
+    keeps new conversations, the damaged file is kept under another name for
+    recovery, and the log says where. (The KV cache degrades the same way: a damaged
+    cache database leaves the cache running from RAM.) Any other failure (locked,
+    unreadable, disk full) is raised: a fresh file would hide the conversations."""
+    try:
+        return _sqlite.connect(path, MIGRATIONS, check=True)
+    except CacheError as exc:
+        if not _sqlite.is_damaged(exc):
+            raise
+        problem = exc.__cause__
+    aside = _sqlite.set_aside(path)
+    log.error(
+        "the sessions database %s is damaged (%s): moved it to %s and started an empty "
+        "one; the conversations it listed are not shown",
+        path,
+        problem,
+        aside,
+    )
+    return _sqlite.connect(path, MIGRATIONS)
+
+
 class SessionBook:
     """``keep_text=False`` (the ``history`` setting off) keeps no conversation text:
     sessions are listed with their token counts and cache keys, without title or
@@ -108,7 +172,7 @@ class SessionBook:
 
     def __init__(self, path: Path, keep_text: bool = True) -> None:
         private_dir(path.parent, "data_dir")
-        self._db = _sqlite.connect(path, MIGRATIONS)
+        self._db = _open(path)
         self._lock = threading.Lock()
         self.keep_text = keep_text
 

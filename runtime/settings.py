@@ -190,6 +190,11 @@ class Settings(BaseSettings):
         description="a GGUF (path or pulled name) for /v1/embeddings and /api/embed "
         "(default: the chat model's own pooled embeddings)",
     )
+    unix_socket: Path | None = Field(
+        None,
+        description="also serve on this Unix-domain socket (mode 0600, in a folder only "
+        "its owner can write): clients that connect there reach this server and no other",
+    )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for https")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for https")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")

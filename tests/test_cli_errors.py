@@ -56,6 +56,19 @@ def test_sessions_without_an_id_is_a_usage_error(no_user_config: Path, action: s
     assert "None" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["ask", "chat"])
+def test_an_unsafe_session_id_is_refused_before_any_model_loads(
+    no_user_config: Path, command: str
+) -> None:
+    # a model that does not exist: the refusal must come first, or this says "no model"
+    args = [command, "--session", "../../etc/passwd", "--data-dir", str(no_user_config)]
+    args += ["--model", str(no_user_config / "absent.gguf")]
+    proc = _cli(*args, *(["hello"] if command == "ask" else []))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("warmstart: --session: '../../etc/passwd' contains a slash")
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_named_config_file_that_is_missing_is_an_error(
     no_user_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

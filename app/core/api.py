@@ -5,13 +5,16 @@ httpx's errors are translated here, at the boundary, into :mod:`app.core.errors`
 
 A client made with ``verify=True`` (the app's own local server) sends its key and
 messages only to a server it has checked first: one that refuses a request without
-the key (401) and accepts the app's key; see :meth:`ApiClient.verify`.
+the key (401) and accepts the app's key; see :meth:`ApiClient.verify`. With ``uds``
+every connection goes to that Unix-domain socket, whatever the URL's port: only the
+server the app started can listen there (see app/core/launcher.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +52,38 @@ CHAT_TIMEOUT = httpx.Timeout(5.0, read=600.0)
 # Loading an 8B model from a cold disk can take minutes; the server answers when done.
 LOAD_TIMEOUT = httpx.Timeout(5.0, read=900.0)
 QUICK_TIMEOUT = httpx.Timeout(5.0)
+
+
+class _UnixTransport(httpx.BaseTransport):
+    """httpx's transport over a Unix-domain socket, which first checks that a server
+    listens there: httpcore 1.0.9 leaves the socket of a failed connect open (closed
+    only by the garbage collector, with a ResourceWarning), and a dead server is the
+    very case the socket is for."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._inner = httpx.HTTPTransport(uds=path)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(5.0)
+            probe.connect(self._path)
+        except OSError as exc:
+            raise httpx.ConnectError(f"{self._path}: {exc}", request=request) from exc
+        finally:
+            probe.close()
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def session_path(session_id: str) -> str:
+    """``sessions/<id>`` with every character of the id that a URL path could read
+    otherwise encoded: '/' (an id kept by an older server may hold one) and '.' (a
+    '..' segment would be removed by the HTTP client before it is sent)."""
+    return "sessions/" + quote(session_id, safe="").replace(".", "%2E")
 
 
 def _error_from_response(response: httpx.Response) -> ApiError:
@@ -93,25 +128,34 @@ class ApiClient:
         transport: httpx.BaseTransport | None = None,
         verify: bool = False,
         before_key: Callable[[], None] | None = None,
+        uds: str | None = None,
     ) -> None:
         """``verify``: check the server (see :meth:`verify`) before the key or any
-        message goes to it. ``before_key`` runs first and raises
-        :class:`UntrustedServer` when the app knows the server is not its own (it did
-        not start one, or the one it started is not the one listening)."""
+        message goes to it. ``before_key`` runs then, and again before every request
+        that carries the key, and raises :class:`UntrustedServer` when the app knows
+        the server is not its own (it did not start one, or the one it started is not
+        the one listening). ``uds``: connect only through this Unix-domain socket."""
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._transport = transport
+        self._uds = uds
         self._client = self._new_client(QUICK_TIMEOUT)
         # /health and the check without the key never carry it
-        self._bare = httpx.Client(transport=transport, timeout=QUICK_TIMEOUT)
+        self._bare = self._new_client(QUICK_TIMEOUT, keyed=False)
         self._must_verify = verify
         self._before_key = before_key
         self._verified = threading.Event()
         self._verify_lock = threading.Lock()
 
-    def _new_client(self, timeout: httpx.Timeout) -> httpx.Client:
-        return httpx.Client(headers=self._headers, transport=self._transport, timeout=timeout)
+    def _new_client(self, timeout: httpx.Timeout, *, keyed: bool = True) -> httpx.Client:
+        headers = self._headers if keyed else {}
+        if self._uds is None or self._transport is not None:
+            return httpx.Client(headers=headers, transport=self._transport, timeout=timeout)
+        # One transport per client (closing a client closes its transport), and no
+        # proxy from the environment: it would carry the key off the socket.
+        transport = _UnixTransport(self._uds)
+        return httpx.Client(headers=headers, transport=transport, timeout=timeout, trust_env=False)
 
     def close(self) -> None:
         self._client.close()
@@ -161,11 +205,22 @@ class ApiClient:
 
     # -- plain requests ------------------------------------------------------------------
 
+    def guard(self) -> None:
+        """Before anything that carries the key: the server was verified, and (with
+        ``before_key``) the process the app started still listens there now."""
+        self.verify()
+        if self._must_verify and self._before_key is not None:
+            try:
+                self._before_key()
+            except UntrustedServer:
+                self._verified.clear()  # whatever answers later is checked afresh
+                raise
+
     def _request(
         self, method: str, url: str, *, keyed: bool = True, **kwargs: Any
     ) -> httpx.Response:
         if keyed:
-            self.verify()
+            self.guard()
         try:
             client = self._client if keyed else self._bare
             response = client.request(method, url, **kwargs)
@@ -195,6 +250,9 @@ class ApiClient:
     def health(self) -> Health:
         try:
             data = self._json("GET", f"{self.root_url}/health", keyed=False)
+        except ServerUnavailable:
+            self._check_port_is_free()
+            raise
         except ApiError as exc:
             if self._must_verify and exc.status in (401, 403):
                 # warmstart's /health is open: whatever wants a key there is not ours
@@ -214,6 +272,21 @@ class ApiClient:
             progress=float(progress) if isinstance(progress, int | float) else None,
             raw=data,
         )
+
+    def _check_port_is_free(self) -> None:
+        """Nothing answers on the socket: is another program on the URL's port? Asked
+        without the key (a plain /health), so that the app says so instead of trying
+        to start its server there. The app's own server listens on the socket before
+        the port, so an answer on the port alone is never from it."""
+        if self._uds is None:
+            return
+        with httpx.Client(timeout=QUICK_TIMEOUT, trust_env=False) as tcp:
+            try:
+                status = tcp.get(f"{self.root_url}/health").status_code
+            except httpx.TransportError:
+                return  # nobody there either: the port is free for the app's server
+        reason = f"another program answers on its port (HTTP {status}), not the app's server"
+        raise UntrustedServer(self.base_url, reason)
 
     def models(self) -> list[str]:
         data = self._json("GET", f"{self.base_url}/models")
@@ -252,15 +325,14 @@ class ApiClient:
         return [SessionSummary.from_json(s) for s in items if isinstance(s, dict)]
 
     def session(self, session_id: str) -> SessionSummary | None:
-        data = self._warmstart_json("GET", f"sessions/{quote(session_id, safe='')}")
+        data = self._warmstart_json("GET", session_path(session_id))
         return SessionSummary.from_json(data) if isinstance(data, dict) else None
 
     def delete_session(self, session_id: str) -> None:
-        self._warmstart_json("DELETE", f"sessions/{quote(session_id, safe='')}")
+        self._warmstart_json("DELETE", session_path(session_id))
 
     def rename_session(self, session_id: str, title: str) -> None:
-        path = f"sessions/{quote(session_id, safe='')}"
-        self._warmstart_json("PATCH", path, json={"title": title})
+        self._warmstart_json("PATCH", session_path(session_id), json={"title": title})
 
     def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
         data = self._warmstart_json("POST", "sessions/import", json={"sessions": sessions})
@@ -270,7 +342,8 @@ class ApiClient:
         """Ask the server to bring a conversation's KV up a tier; False when unsupported
         or when the server does not know the conversation."""
         try:
-            return self._warmstart_json("POST", f"sessions/{session_id}/prewarm") is not None
+            path = session_path(session_id) + "/prewarm"
+            return self._warmstart_json("POST", path) is not None
         except ApiError as exc:
             if exc.status == 404:
                 return False
@@ -339,7 +412,7 @@ class HttpChatStream:
                 response.close()
 
     def __iter__(self) -> Iterator[ChatEvent]:
-        self._api.verify()  # before a byte of the conversation leaves the app
+        self._api.guard()  # before a byte of the conversation leaves the app
         # Each reply gets its own connection, so closing it to stop cannot disturb others.
         client = self._api._new_client(CHAT_TIMEOUT)
         started = time.perf_counter()

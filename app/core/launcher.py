@@ -4,17 +4,27 @@ The server gets a fresh random key through a 0600 file (``WARMSTART_API_KEY_FILE
 never on its command line, where every local user could read it in ``ps``. Its
 output goes through a pipe into a rotated log, so a chatty server cannot fill the
 disk.
+
+Where the system has Unix-domain sockets, the server also listens on one in the
+app's 0700 data folder (``WARMSTART_UNIX_SOCKET``) and the app talks to it only
+there: a loopback port is anyone's once the server dies, that folder is not, so no
+other program can receive the key or a message in its place. On Windows the app
+uses the port, and checks before every request with the key that the process it
+started is the one listening (see ``LocalServer.check_listening``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +43,9 @@ LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 KEY_FILE = "server-key"
 LOG_BYTES = 1 << 20  # per file; the log and two old ones stay under 3 MiB
 LOG_BACKUPS = 2
+SOCKET_FILE = "server.sock"
+# sun_path holds 104 bytes on macOS (108 on Linux), the terminating NUL included
+MAX_SOCKET_PATH = 103
 
 
 def new_key() -> str:
@@ -47,6 +60,19 @@ def is_loopback(base_url: str) -> bool:
 def port_of(base_url: str) -> int:
     parts = urlsplit(base_url)
     return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def socket_path_for(data_dir: Path) -> Path | None:
+    """Where the app's own server listens besides its port: in the app's data folder,
+    or in a fresh private temporary folder when that path is too long for a socket.
+    None where the system has no Unix-domain sockets (Windows)."""
+    if getattr(socket, "AF_UNIX", None) is None or os.name == "nt":
+        return None
+    path = data_dir / SOCKET_FILE
+    if len(os.fsencode(str(path))) <= MAX_SOCKET_PATH:
+        return path
+    # mkdtemp: a new name, made 0700 and ours, so nobody else can have put a file there
+    return Path(tempfile.mkdtemp(prefix="warmstart-")) / SOCKET_FILE
 
 
 def serve_command(port: int, override: Sequence[str] | None = None) -> list[str]:
@@ -99,7 +125,8 @@ class LocalServer:
     """A server process this app started, and stops when it quits.
 
     With ``api_key`` the server is given that key through ``key_path`` (0600), which is
-    removed once the server has read it (see :meth:`forget_key_file`)."""
+    removed once the server has read it (see :meth:`forget_key_file`). With
+    ``socket_path`` it also listens on that Unix-domain socket."""
 
     def __init__(
         self,
@@ -109,8 +136,10 @@ class LocalServer:
         *,
         api_key: str | None = None,
         key_path: Path | None = None,
+        socket_path: Path | None = None,
     ) -> None:
         self.command = list(command)
+        self.socket_path = socket_path
         self.log_path = log_path
         self._env = {**os.environ, **(env or {})}
         self._api_key = api_key
@@ -120,6 +149,10 @@ class LocalServer:
 
     def _server_env(self) -> dict[str, str]:
         env = dict(self._env)
+        if self.socket_path is not None:
+            env["WARMSTART_UNIX_SOCKET"] = str(self.socket_path)
+        else:
+            env.pop("WARMSTART_UNIX_SOCKET", None)
         if self._api_key is None:
             return env
         # A key in the environment would win over the file: the server must get ours.
@@ -228,12 +261,23 @@ class LocalServer:
     def stop(self, grace: float = 5.0) -> None:
         self.forget_key_file()
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                # A server stuck in a long prefill may ignore SIGTERM for a while.
+                proc.kill()
+                proc.wait(grace)
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        """The file of a server that was killed stays behind; a temporary folder made
+        for it goes too."""
+        path = self.socket_path
+        if path is None or self.running:
             return
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            # A server stuck in a long prefill may ignore SIGTERM for a while.
-            proc.kill()
-            proc.wait(grace)
+        path.unlink(missing_ok=True)
+        if path.parent.name.startswith("warmstart-") and path.parent != self.log_path.parent:
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()

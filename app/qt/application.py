@@ -26,6 +26,7 @@ from ..core.launcher import (
     override_env,
     port_of,
     serve_command,
+    socket_path_for,
 )
 from ..core.models import LocalModels
 from ..core.preferences import Preferences
@@ -79,6 +80,8 @@ class WarmstartApp:
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
         self._server_key = new_key()
+        # ...and the socket it is reached through (chosen when first needed)
+        self._socket: tuple[Path | None] | None = None
         self.prefs = replace(
             prefs,
             base_url=options.base_url or prefs.base_url,
@@ -128,8 +131,17 @@ class WarmstartApp:
                 api_key=self._server_key,
                 verify=True,
                 before_key=self._check_own_server,
+                uds=str(self._socket_path) if self._socket_path else None,
             )
         return ApiClient(self.prefs.base_url, api_key=self.prefs.api_key or None)
+
+    @property
+    def _socket_path(self) -> Path | None:
+        """Where the app's own server listens besides its port (None: nowhere else,
+        as on Windows)."""
+        if self._socket is None:
+            self._socket = (socket_path_for(self.options.data_dir),)
+        return self._socket[0]
 
     def _check_own_server(self) -> None:
         """Before the key goes out: is it our server that listens on the port?"""
@@ -161,6 +173,7 @@ class WarmstartApp:
                 env,
                 api_key=self._server_key,
                 key_path=data / KEY_FILE,
+                socket_path=self._socket_path,
             )
 
         return make

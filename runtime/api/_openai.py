@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator
 
 from ..errors import ContextOverflow
 from ..installed import OWNER
@@ -21,6 +22,7 @@ from ._schemas import (
     DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
+    safe_session_id,
 )
 from ._sse import SSEResponse, gather
 from ._state import ERRORS, MODEL_ALIASES, AppState, state
@@ -33,6 +35,7 @@ SessionHeader = Annotated[
         max_length=256,
         description="names the conversation, so its cache is found even when edited",
     ),
+    AfterValidator(lambda v: v if v is None else safe_session_id(v)),
 ]
 
 

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
+from ..sessions import MAX_SESSION_ID, SESSION_ID_RULE, session_id_problem
 from ..types import Message, Request, Sampling, SessionInfo, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
@@ -67,8 +68,21 @@ def _only(*allowed: object) -> AfterValidator:
 
 
 # Every string a client sends is checked, so none can fail later as a 500.
+def safe_session_id(value: str) -> str:
+    """The rule of runtime.sessions, as a pydantic validator (a 400 naming the field)."""
+    problem = session_id_problem(value)
+    if problem is not None:
+        raise ValueError(f"{problem}; {SESSION_ID_RULE}")
+    return value
+
+
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-SESSION_ID = Annotated[Text, Field(min_length=1, max_length=256)]
+# the bounds are stated in the OpenAPI document and checked with the rest of the rule
+SESSION_ID = Annotated[
+    Text,
+    AfterValidator(safe_session_id),
+    Field(json_schema_extra={"minLength": 1, "maxLength": MAX_SESSION_ID}),
+]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 
 

@@ -22,6 +22,7 @@ from ._app import create_app
 from ._notify import notify_when_ready
 from ._protocol import ConnectionLimits, fd_bounded, protocol_class
 from ._state import Opener
+from ._unix import UnixListener, bind_unix
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +85,38 @@ def serve(
     log_level: str = "info",
     sock: socket.socket | None = None,
     opener: Opener | None = None,
+    unix: UnixListener | None = None,
 ) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
     With ``opener``, requests may switch to another installed model (see _state.py);
     the runtime loaded at the end is the one closed.
 
-    ``sock`` comes from bind_listener() (called before loading the model); without it
-    the checks and the bind happen here. Raises ConfigError before serving anything
-    when the bind rule is broken or the address cannot be bound."""
+    ``sock`` comes from bind_listener() and ``unix`` from bind_unix() (called before
+    loading the model); without them the checks and the binds happen here. Raises
+    ConfigError before serving anything when the bind rule is broken or an address
+    cannot be bound."""
     if sock is None:
         sock = bind_listener(settings)
+    if unix is None:
+        unix = bind_unix(settings.unix_socket)
+    try:
+        # the socket first: once the port answers, so does the socket (a client that
+        # finds the port served but not the socket takes it for another program)
+        sockets = ([unix.sock] if unix else []) + [sock]
+        _serve(settings, runtime, log_level, sockets, opener)
+    finally:
+        if unix is not None:
+            unix.close()  # its file goes with it: nobody is left listening there
+
+
+def _serve(
+    settings: Settings,
+    runtime: Runtime,
+    log_level: str,
+    sockets: list[socket.socket],
+    opener: Opener | None,
+) -> None:
     app = create_app(settings, runtime, opener)
     st = app.state.warmstart
     limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
@@ -122,10 +144,12 @@ def serve(
     notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
+    if settings.unix_socket is not None:
+        log.info("and on the Unix socket %s", settings.unix_socket)
     server = _Server(config, on_exit=lambda: st.runtime.cancel_all())
     try:
         with _sigterm_returns():
-            server.run(sockets=[sock])
+            server.run(sockets=sockets)
     except _Terminated:
         log.info("stopped by SIGTERM")
     finally:

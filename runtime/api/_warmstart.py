@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ..service import Runtime
+from ..sessions import SESSION_ID_RULE, session_id_problem
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
@@ -54,15 +55,23 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
 
 
 def _known(runtime: Runtime, session_id: str) -> SessionInfo:
+    """The stored session of this id, whatever its name: sessions stored before the
+    rule on ids (with a '/' or '..') are read, renamed and deleted like any other. An
+    unknown id that breaks the rule is a 400 that says why, not a plain 404."""
     info = runtime.session(session_id)
-    if info is None:
-        raise APIError(
-            404, f"no session '{session_id}'", param="session_id", code="session_not_found"
-        )
-    return info
+    if info is not None:
+        return info
+    problem = session_id_problem(session_id)
+    shown = session_id if len(session_id) <= 64 else session_id[:61] + "..."
+    if problem is not None:
+        message = f"session id {shown!r} {problem}; {SESSION_ID_RULE}"
+        raise APIError(400, message, param="session_id", code="invalid_session_id")
+    raise APIError(404, f"no session {shown!r}", param="session_id", code="session_not_found")
 
 
 def build_router() -> APIRouter:
+    # Session routes take the rest of the path as the id ({session_id:path}): an id
+    # stored with a '/' in it (percent-encoded in the URL) still names one session.
     router = APIRouter(prefix="/v1/warmstart", tags=["warmstart"])
 
     @router.get("/sessions")
@@ -75,13 +84,13 @@ def build_router() -> APIRouter:
             infos = runtime.sessions(q)
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
-    @router.get("/sessions/{session_id}", responses=ERRORS)
+    @router.get("/sessions/{session_id:path}", responses=ERRORS)
     def get_session(session_id: str, request: Request) -> dict[str, Any]:
         """One conversation, with its messages."""
         with state(request).using() as runtime:
             return _session(_known(runtime, session_id), messages=True)
 
-    @router.delete("/sessions/{session_id}", responses=ERRORS)
+    @router.delete("/sessions/{session_id:path}", responses=ERRORS)
     def delete_session(session_id: str, request: Request) -> dict[str, Any]:
         """Forgets a conversation and drops the chunks no other conversation uses."""
         with state(request).using() as runtime:
@@ -89,7 +98,7 @@ def build_router() -> APIRouter:
                 _known(runtime, session_id)  # raises the 404
         return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
 
-    @router.patch("/sessions/{session_id}", responses=ERRORS)
+    @router.patch("/sessions/{session_id:path}", responses=ERRORS)
     def patch_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
         """Renames a conversation; its later turns keep the new title."""
         with state(request).using() as runtime:
@@ -109,7 +118,7 @@ def build_router() -> APIRouter:
                 (added if runtime.import_session(kept.to_info()) else existing).append(kept.id)
         return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
 
-    @router.post("/sessions/{session_id}/prewarm", responses=ERRORS)
+    @router.post("/sessions/{session_id:path}/prewarm", responses=ERRORS)
     def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:
         """Promotes a conversation's cached chunks to RAM before it is needed."""
         with state(request).using() as runtime:

@@ -21,9 +21,10 @@ class Seen:
 @dataclass
 class Impostor:
     """``demand_key``: answer 401 without an Authorization header (like a real server
-    with a key); otherwise accept anything."""
+    with a key); otherwise accept anything. ``at_port``: the port to take (0: any)."""
 
     demand_key: bool = False
+    at_port: int = 0
     seen: list[Seen] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
@@ -56,7 +57,7 @@ class Impostor:
 
             do_GET = do_POST = do_DELETE = _answer
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.at_port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sqlite3
 import stat
 import sys
@@ -15,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 from warmstart.app.core.api import ApiClient
-from warmstart.app.core.errors import UntrustedServer
+from warmstart.app.core.errors import AppError, ServerUnavailable, UntrustedServer
 from warmstart.app.core.launcher import LOG_BACKUPS, LOG_BYTES, LocalServer, serve_command
 from warmstart.app.core.migrations import MIGRATIONS, migrate
 from warmstart.app.core.preferences import Preferences
 from warmstart.app.core.secret_store import ACCOUNT, FALLBACK_FILE, SERVICE, KeyringOrFile
 from warmstart.app.core.store import ConversationStore
-from warmstart.app.core.types import Sampling
+from warmstart.app.core.types import Finished, Sampling
 from warmstart.app.qt.application import Options, WarmstartApp
 
 from tests.app.impostor import Impostor
@@ -97,6 +99,83 @@ def test_an_impostor_on_the_apps_port_gets_no_message_and_no_key(
         app.window.close()
     finally:
         impostor.stop()
+
+
+@pytest.mark.gui
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_an_impostor_that_takes_the_port_when_the_apps_server_dies_gets_nothing(
+    qtbot, app_data, fake_server_cmd
+):
+    """The app's server dies and another program binds its port at once: the app's
+    next message, and every call after it, goes to the socket in the app's data
+    folder, where nobody listens now, and not to the impostor."""
+    port = free_port()
+    app = managed_app(qtbot, app_data, port)
+    app.start()
+    qtbot.waitUntil(lambda: app.connection.ready, timeout=WAIT)
+    with qtbot.waitSignal(app.chat.reply_finished, timeout=WAIT):
+        type_and_send(qtbot, app, "hi")
+    assert (app_data / "server.sock").exists()
+    local = app.connection.local
+    os.kill(local.pid, signal.SIGKILL)
+    local._proc.wait(10)
+    impostor = Impostor(at_port=port).start()  # the moment the port is free
+    try:
+        type_and_send(qtbot, app, "my bank password is hunter2")
+        qtbot.wait(4000)  # health, stats and session polls come and go meanwhile
+        assert not impostor.received("hunter2")
+        assert not impostor.received(app._server_key)
+        # at most the plain /health that finds it out: no key, no text, no other call
+        assert all((q.method, q.path, q.body) == ("GET", "/health", b"") for q in impostor.seen)
+        assert all("authorization" not in q.headers for q in impostor.seen)
+        qtbot.waitUntil(lambda: app.window.chat.error_banner.isVisible(), timeout=WAIT)
+        assert app.connection.state == "down"
+        app.window.close()
+    finally:
+        impostor.stop()
+    assert not (app_data / "server.sock").exists()
+
+
+def test_without_a_socket_the_app_checks_its_server_before_every_keyed_request(
+    tmp_path, monkeypatch
+):
+    """The fallback where there are no Unix sockets (Windows): the port, and before
+    each request with the key, a look at who listens there."""
+    monkeypatch.delenv("WARMSTART_API_KEY", raising=False)
+    monkeypatch.delenv("WARMSTART_UNIX_SOCKET", raising=False)
+    port, key = free_port(), "fallback-key-0123456789"
+    command = [sys.executable, "-m", "warmstart.runtime.api", "--fake", "--port", str(port)]
+    server = LocalServer(command, tmp_path / "server.log", {"PYTHONPATH": str(ROOT)}, api_key=key)
+    api = ApiClient(
+        f"http://127.0.0.1:{port}/v1",
+        api_key=key,
+        verify=True,
+        before_key=lambda: server.check_listening(port),
+    )
+    server.start()
+    try:
+        server.wait_ready(api.health, timeout=60)
+        assert api.sessions() == []
+        os.kill(server.pid, signal.SIGKILL)
+        server._proc.wait(10)
+        impostor = Impostor(at_port=port).start()
+        try:
+            with pytest.raises(UntrustedServer):
+                api.sessions()
+            stream = api.chat(
+                [{"role": "user", "content": "hunter2"}],
+                session_id="c",
+                model=None,
+                sampling=Sampling(),
+            )
+            with pytest.raises(UntrustedServer):
+                list(stream)
+            assert impostor.seen == []
+        finally:
+            impostor.stop()
+    finally:
+        api.close()
+        server.stop()
 
 
 def test_verify_sends_the_key_only_to_a_server_that_refuses_requests_without_it():
@@ -435,3 +514,77 @@ def test_warmstart_serve_started_like_the_app_does_takes_the_key_from_the_file(
     finally:
         api.close()
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_the_real_server_started_like_the_app_does_leaves_an_impostor_nothing(
+    tmp_path, model_path, monkeypatch
+):
+    """``warmstart serve`` on the real model, with the socket, key and environment the
+    app gives it: killed, and its port taken at once, the app's next message and
+    calls go nowhere, and the impostor gets none of them."""
+    from warmstart.app.core.launcher import new_key, socket_path_for
+
+    monkeypatch.delenv("WARMSTART_API_KEY", raising=False)
+    port, key = free_port(), new_key()
+    app_dir = tmp_path / "app"
+    app_dir.mkdir(mode=0o700)
+    sock = socket_path_for(app_dir)
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "WARMSTART_DATA_DIR": str(tmp_path / "data"),
+        "WARMSTART_MODEL": str(model_path),
+        "WARMSTART_N_CTX": "1024",
+        "WARMSTART_PREWARM_SESSIONS": "0",
+    }
+    server = LocalServer(
+        serve_command(port), app_dir / "server.log", env, api_key=key, socket_path=sock
+    )
+    # no owner check (before_key): the socket alone must keep the impostor out
+    api = ApiClient(f"http://127.0.0.1:{port}/v1", api_key=key, verify=True, uds=str(sock))
+    chat = {"session_id": "c1", "model": None, "sampling": Sampling(max_tokens=4)}
+    server.start()
+    try:
+        server.wait_ready(api.health, timeout=300)
+        assert sock is not None and mode(sock) == 0o600
+        assert isinstance(
+            list(api.chat([{"role": "user", "content": "Say hi."}], **chat))[-1], Finished
+        )
+        os.kill(server.pid, signal.SIGKILL)
+        server._proc.wait(30)
+        impostor = Impostor(at_port=port).start()
+        try:
+            with pytest.raises(ServerUnavailable):
+                list(api.chat([{"role": "user", "content": "hunter2"}], **chat))
+            for call in (api.stats, api.sessions, lambda: api.prewarm("c1")):
+                with pytest.raises(AppError):  # unavailable, then (checked again) refused
+                    call()
+            with pytest.raises(UntrustedServer, match="another program"):
+                api.health()  # without the key: this finds the impostor out
+            assert not impostor.received("hunter2") and not impostor.received(key)
+            assert [(s.method, s.path) for s in impostor.seen] == [("GET", "/health")]
+        finally:
+            impostor.stop()
+    finally:
+        api.close()
+        server.stop()
+    assert not sock.exists()
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_a_data_dir_too_long_for_a_socket_gets_a_private_temporary_folder(tmp_path):
+    from warmstart.app.core.launcher import MAX_SOCKET_PATH, socket_path_for
+
+    short = socket_path_for(tmp_path)
+    assert short == tmp_path / "server.sock"
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    path = socket_path_for(deep)
+    assert path is not None and len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
+    assert path.parent != deep and mode(path.parent) == 0o700
+    assert path.parent.stat().st_uid == os.getuid()
+    server = LocalServer([sys.executable, "-c", "pass"], tmp_path / "server.log", socket_path=path)
+    server.start()
+    server._proc.wait(30)
+    server.stop()
+    assert not path.parent.exists()  # the folder made for it goes with it
