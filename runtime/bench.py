@@ -176,9 +176,9 @@ def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = N
     return steps / max((report["total_ms"] - report["ttft_ms"]) / 1000, 1e-9)
 
 
-def threshold_check(rt: Any) -> dict[str, Any]:
-    """Restore vs recompute at the chosen swap-in threshold (and around it), and what
-    the runtime decides just below it."""
+def threshold_check(rt: Any, lengths: tuple[int, ...] = (4, 16, 64, 256)) -> dict[str, Any]:
+    """Restore vs recompute at the chosen swap-in threshold and at ``lengths`` (each
+    must fit a sequence's context), and what the runtime decides just below it."""
     from .policy import decide_restore
 
     eng, t = rt.engine, rt.tuning
@@ -207,7 +207,7 @@ def threshold_check(rt: Any) -> dict[str, Any]:
 
     def run() -> dict[str, Any]:
         threshold = max(1, t.swap_in_threshold_tokens)
-        sweep = sorted({threshold, 4, 16, 64, 256})
+        sweep = sorted({threshold, *lengths})
         rows = {n: (restore_ms(n), recompute_ms(n)) for n in sweep}
         kvb = eng.kv_bytes_per_token
         below = decide_restore(threshold - 1, (threshold - 1) * kvb, "ram", threshold, rt.rates)

@@ -44,8 +44,11 @@ class Geometry:
 
 
 GEOMETRIES = {
-    # Llama-3-8B: 32 layers, 4096 wide, GQA 32/8, FFN 14336 (about 7.5 GB as Q8_0)
-    "llama-8b": Geometry(32, 4096, 32, 8, 14336),
+    # Llama-3-8B: 32 layers, 4096 wide, GQA 32/8, FFN 14336 (about 7.5 GB as Q8_0); the
+    # context of Llama-3.1's, so that the restore-or-recompute sweep reaches 16K tokens
+    "llama-8b": Geometry(32, 4096, 32, 8, 14336, n_ctx_train=32768),
+    # the default model's (SmolLM2-135M) shape: figures for it where it cannot be fetched
+    "smollm2-135m": Geometry(30, 576, 9, 3, 1536),
     # small enough for a CPU test in a second or two, same shape of model
     "tiny": Geometry(2, 256, 4, 2, 512, n_ctx_train=4096),
 }
