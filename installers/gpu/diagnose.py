@@ -402,7 +402,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fields = report["environment"]["model_params_fields"] = param_fields()
     report["cases"] = []
     write_report(out, report)
-    models = {"tiny": work / "diag-tiny.gguf", "big": work / f"diag-{args.big}.gguf"}
+    # named as gpu_check names them: a later step reuses the file
+    models = {"tiny": work / "synthetic-tiny.gguf", "big": work / f"synthetic-{args.big}.gguf"}
     t0 = time.perf_counter()
     for kind, path in models.items():
         if not path.is_file():

@@ -81,8 +81,11 @@ def copies_section(gpu: dict[str, Any] | None, nbytes: int = COPY_BYTES) -> dict
 
 def model_section(path: Path, geometry: str) -> dict[str, Any]:
     g = GEOMETRIES[geometry]
-    write(path, g)
+    reused = path.is_file()  # written whole by an earlier step (diagnose.py)
+    if not reused:
+        write(path, g)
     return {
+        "reused": reused,
         "path": str(path),
         "bytes": path.stat().st_size,
         "geometry": geometry,
