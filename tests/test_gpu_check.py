@@ -71,7 +71,7 @@ def test_the_report_without_a_gpu(tmp_path: Path) -> None:
     assert report["bench"] is None and set(report["seconds"]) >= {"gpu", "copies", "model"}
     assert report["sweep"] is None and report["equivalence"] is None  # not asked for
     # the product's verdicts, found by its own smoke children: a CPU build offloads nothing
-    assert "nothing offloaded" in report["verdicts"]["loader"]["reason"]
+    assert "nothing to prove" in report["verdicts"]["loader"]["reason"]
     assert set(report["verdicts"]["extra_buffers"]) == {"enabled", "reason"}
     # llama-cpp-python's loader and ours, offloaded or not, each in its own child
     assert len(report["loads"]) == 4

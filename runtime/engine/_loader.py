@@ -210,9 +210,13 @@ def choose_loader(
     """The loader's choice for ``model``: as set when there is nothing to prove (a
     CPU-only build, or no choice on auto), else the cached verdict, else the chain."""
     first = requested(mmap, pinned, n_gpu_layers)
-    if not gpu_offload or n_gpu_layers == 0:
-        # the extra-buffers smoke already loads it on the CPU, the default way
-        return replace(first, reason="nothing offloaded: llama.cpp's loader as set")
+    # with nothing offloaded, the extra-buffers smoke already loaded it the default way
+    if not gpu_offload:
+        return replace(
+            first, reason="a CPU-only llama.cpp build: nothing offloaded, nothing to prove"
+        )
+    if n_gpu_layers == 0:
+        return replace(first, reason="no layer offloaded: nothing to prove")
     chain = fallbacks(first, mmap, pinned)
     cache = VerdictCache(cache_file)
     key = f"{machine_key()}/{gpu_key()}/{digest}/{first.describe()}/extra={extra_buffers}"

@@ -103,8 +103,13 @@ def smoke_test(
     next start tries again.
     """
     started = time.perf_counter()
+    # extra buffer types are the CPU's: with no GPU visible, a death here is theirs and
+    # not CUDA's (engine._loader proves the GPU's paths in a child of its own)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     try:
-        proc = subprocess.run(command(model), capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            command(model), capture_output=True, text=True, timeout=timeout_s, env=env
+        )
     except subprocess.TimeoutExpired:
         return ExtraBuffers(
             False, f"a smoke decode with llama.cpp's extra buffer types hung for {timeout_s:.0f} s"

@@ -126,9 +126,10 @@ def test_an_ordinary_failure_stops_the_chain_uncached(tmp_path: Path) -> None:
 
 def test_nothing_to_prove_runs_no_child(tmp_path: Path) -> None:
     cpu_build = _choose(tmp_path, _never, gpu_offload=False)
-    assert cpu_build.n_gpu_layers == -1 and "nothing offloaded" in cpu_build.reason
+    assert cpu_build.n_gpu_layers == -1 and "CPU-only" in cpu_build.reason
     no_offload = _choose(tmp_path, _never, n_gpu_layers=0, mmap="off", pinned="off")
     assert (no_offload.mmap, no_offload.pinned) == (False, False)
+    assert "nothing to prove" in no_offload.reason
     assert not (tmp_path / "loader.json").exists()
 
 
