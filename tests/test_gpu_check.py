@@ -18,6 +18,7 @@ from tests.conftest import chat, small_settings
 REPORT_KEYS = {
     "started_at", "python", "machine", "cpus", "seconds", "errors",
     "llama_cpp", "gpu", "copies", "model", "verdicts", "loads", "sweep", "equivalence", "bench",
+    "serve",
 }  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,10 +79,10 @@ def test_the_report_without_a_gpu(tmp_path: Path) -> None:
     assert all(load["returncode"] == 0 for load in report["loads"].values()), report["loads"]
 
 
-def test_the_sweep_and_the_equivalence_on_the_cpu(tmp_path: Path) -> None:
+def test_the_sweep_the_equivalence_and_serve_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     gpu_check.main(["--out", str(out), "--work", str(tmp_path), "--geometry", "tiny", "--no-bench",
-                    "--no-loads", "--sweep", "16,64,256", "--equivalence"])  # fmt: skip
+                    "--no-loads", "--sweep", "16,64,256", "--equivalence", "--serve"])  # fmt: skip
     report = json.loads(out.read_text())
     assert not report["errors"], report["errors"]
     sweep = report["sweep"]
@@ -93,6 +94,8 @@ def test_the_sweep_and_the_equivalence_on_the_cpu(tmp_path: Path) -> None:
     assert len(eq["replies"]) == len(gpu_check.EQUIVALENCE_SET)
     assert eq["all_equal"], eq["replies"]  # greedy: the cache changes nothing
     assert all(set(row) == {"no_cache", "cold", "live", "ram"} for row in eq["replies"].values())
+    served = report["serve"]
+    assert served["status"] == 200 and served["usage"]["completion_tokens"] > 0
 
 
 def test_the_scripts_parse() -> None:
@@ -122,6 +125,7 @@ def test_the_one_device_call_runs_here_on_the_cpu(tmp_path: Path) -> None:
     assert "## Diagnosis" in summary and "| big_gpu_all | ok |" in summary
     assert "| pinned host-to-device GB/s | - |" in summary  # no GPU here: absent, not guessed
     assert "| greedy cold = live = RAM = no cache | True |" in summary
+    assert "| `warmstart serve --n-gpu-layers -1` HTTP status | 200 |" in summary
     assert proc.stdout.startswith("# make gpu-check")
 
 

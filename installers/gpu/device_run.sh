@@ -81,6 +81,10 @@ if [ "$MODE" = gpu ]; then
     SITE=${GPU_CHECK_SITE:-/tmp/warmstart-gpu-site}
     step install 300 env GPU_CHECK_SITE="$SITE" PYTHON="$PYTHON" bash installers/gpu/install.sh
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    # the built wheel back in $OUT when small enough to carry: a second call skips the build
+    for wheel in "${CARRY:-.gpu-carry}"/built/llama_cpp_python-*.whl; do
+        [ -f "$wheel" ] && [ "$(stat -c %s "$wheel")" -lt 50000000 ] && cp "$wheel" "$OUT/"
+    done
 fi
 # the machine's own warmstart config stays out: an empty one of ours (a named file must exist)
 export WARMSTART_CONFIG="$OUT/no-config.toml"
@@ -90,6 +94,6 @@ step diagnose 200 "$PYTHON" installers/gpu/diagnose.py --out "$OUT/diagnosis" --
 step figures-big 260 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
     --work "$WORK" --geometry "$BIG" --sweep "$SWEEP" --equivalence "${BIG_BENCH[@]}"
 step figures-small 120 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-small.json" \
-    --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --no-loads \
+    --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --serve --no-loads \
     "${SMALL_BENCH[@]}"
 cat "$OUT/summary.md" 2>/dev/null

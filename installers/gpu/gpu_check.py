@@ -23,6 +23,8 @@ check.sh prepares that on a machine without network. Sections:
   against ``use_cache=False`` (``--equivalence``);
 - ``bench``: ``warmstart bench --json`` on it with every layer offloaded
   (cold, live, RAM-hit and disk-hit TTFT, restore GB/s, decode tok/s);
+- ``serve``: ``warmstart serve --n-gpu-layers -1`` answering a chat completion over
+  HTTP on loopback (``--serve``);
 - ``seconds``: each phase; ``errors``: any section that failed, by name. The report
   is rewritten after every section, so a crash or a timeout keeps what came before.
 
@@ -239,6 +241,73 @@ def equivalence_section(model: Path, data_dir: Path, max_tokens: int = 24) -> di
     return {"all_equal": same, "replies": rows}
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, timeout: float) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_section(model: Path, data_dir: Path, timeout: float = 180.0) -> dict[str, Any]:
+    """``warmstart serve --n-gpu-layers -1`` answers a chat completion over HTTP."""
+    import urllib.request
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "warmstart.runtime.cli", "serve"]
+    cmd += ["--model", str(model), "--data-dir", str(data_dir), "--n-gpu-layers", "-1"]
+    cmd += ["--port", str(port), "--prewarm-sessions", "0"]
+    log = data_dir / "serve.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        while not _get(f"{base}/health", 2.0):
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"warmstart serve not ready ({proc.poll()}): {tail}")
+            time.sleep(0.5)
+        ready = time.perf_counter() - t0
+        body = {"model": model.stem, "max_tokens": 8, "temperature": 0}
+        body["messages"] = [{"role": "user", "content": "Say hello."}]
+        req = urllib.request.Request(
+            f"{base}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        t1 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer = json.loads(resp.read())
+            status = resp.status
+        return {
+            "status": status,
+            "reply": answer["choices"][0]["message"]["content"],
+            "usage": answer.get("usage"),
+            "ready_s": round(ready, 3),
+            "request_s": round(time.perf_counter() - t1, 3),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work or tempfile.mkdtemp(prefix="warmstart-gpu-check-"))
     report: dict[str, Any] = {
@@ -273,11 +342,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data = work / f"data-{name}"
     have_model = report["model"] is not None
     verdicts = section("verdicts", lambda: verdicts_section(model, data)) if have_model else None
+    # the figures first, then the checks: a step cut short by its timeout loses the least
     for key, wanted, fn in (
-        ("loads", args.loads, lambda: loads_section(model, verdicts)),
+        ("bench", args.bench, lambda: bench_section(model, data, args)),
         ("sweep", args.sweep, lambda: sweep_section(model, data, tuple(args.sweep))),
         ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
-        ("bench", args.bench, lambda: bench_section(model, data, args)),
+        ("serve", args.serve, lambda: serve_section(model, data / "serve")),
+        ("loads", args.loads, lambda: loads_section(model, verdicts)),
     ):
         if wanted and have_model:
             section(key, fn)
@@ -307,6 +378,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="prefix lengths to time restore against recompute at (comma-separated)",
     )
     p.add_argument("--equivalence", action="store_true", help="greedy replies vs no cache")
+    p.add_argument("--serve", action="store_true", help="warmstart serve answers over HTTP")
     p.add_argument("--no-bench", dest="bench", action="store_false")
     p.add_argument("--quick", action="store_true", help="bench's small workload")
     p.add_argument("--no-loads", dest="loads", action="store_false", help="skip the load children")

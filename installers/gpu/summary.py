@@ -37,6 +37,7 @@ FIGURES = (
     ("measured threshold (tokens)", ("sweep", "measured_threshold_tokens"), "{}"),
     ("greedy cold = live = RAM = no cache", ("equivalence", "all_equal"), "{}"),
     ("greedy cold = RAM = disk (bench)", ("bench", "greedy_same_reply"), "{}"),
+    ("`warmstart serve --n-gpu-layers -1` HTTP status", ("serve", "status"), "{}"),
 )
 
 
