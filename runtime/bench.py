@@ -486,7 +486,8 @@ def _measure(
     from .engine._llama import LlamaModel
     from .engine._template import ChatTemplate
 
-    lm = LlamaModel(model)  # for its chat template only: nothing is decoded
+    # for its chat template only: nothing is decoded, nothing offloaded (read as proven)
+    lm = LlamaModel(model, 0, mmap=loader.mmap)
     template = ChatTemplate(lm.chat_template(), "", "")
     lm.close()
     prompts = [template.render(conversation(system, i)) for i in (0, 1)]

@@ -342,11 +342,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data = work / f"data-{name}"
     have_model = report["model"] is not None
     verdicts = section("verdicts", lambda: verdicts_section(model, data)) if have_model else None
-    # the figures first, then the checks: a step cut short by its timeout loses the least
+    # the equivalence first (short, and it calibrates the data dir that bench and the
+    # sweep then reuse), the figures next, the checks last: a timeout loses the least
     for key, wanted, fn in (
+        ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
         ("bench", args.bench, lambda: bench_section(model, data, args)),
         ("sweep", args.sweep, lambda: sweep_section(model, data, tuple(args.sweep))),
-        ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
         ("serve", args.serve, lambda: serve_section(model, data / "serve")),
         ("loads", args.loads, lambda: loads_section(model, verdicts)),
     ):

@@ -238,7 +238,7 @@ def choose_loader(
 
 def gpu_offload_supported() -> bool:
     """Whether the loaded llama.cpp build can offload layers at all."""
-    import llama_cpp.llama_cpp as ll
+    from ._llama import ll  # (and its exit hook that closes llama_cpp's /dev/null files)
 
     return bool(ll.llama_supports_gpu_offload())
 
