@@ -65,7 +65,7 @@ export -f facts
 export PYTHON
 
 if [ "$MODE" = gpu ]; then
-    BIG=llama-8b SMALL=smollm2-135m
+    BIG=${GPU_BIG:-llama-8b} SMALL=${GPU_SMALL:-smollm2-135m}
     SWEEP=256,512,1024,2048,4096,8192,12288,16384
     SMALL_SWEEP=64,256,1024,2048,4096
     BIG_BENCH=(--bench-timeout 200) SMALL_BENCH=(--quick --bench-timeout 100)
