@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest gpu-carry gpu-check
+.PHONY: run test lint pytest gpu-carry gpu-check gpu-check-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,11 +69,16 @@ test:
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
 # network: `make gpu-carry` here (where pip reaches PyPI) gathers what it needs into
 # .gpu-carry/ (a trimmed llama-cpp-python sdist and a few wheels, about 16 MB); there,
-# `make gpu-check` builds (or reuses) a CUDA llama-cpp-python, writes a synthetic 8B
-# model and puts one JSON report in $(GPU_CHECK_OUT)/gpu-check.json.
+# `make gpu-check` (installers/gpu/device_run.sh) builds a CUDA llama-cpp-python for
+# sm_90, diagnoses the model load, measures the figures on synthetic models and leaves
+# everything in $(GPU_CHECK_OUT) (or $OUT) as it goes, in one call of under 10 minutes.
+# `make gpu-check-cpu` runs the same steps here on the CPU build, on tiny models.
 GPU_CHECK_OUT ?= gpu-check
 gpu-carry:
 	PYTHON=$(PYTHON) bash installers/gpu/carry.sh
 
 gpu-check:
-	PYTHON=$(PYTHON) GPU_CHECK_OUT=$(GPU_CHECK_OUT) bash installers/gpu/check.sh
+	PYTHON=$(PYTHON) GPU_CHECK_OUT=$(GPU_CHECK_OUT) bash installers/gpu/device_run.sh
+
+gpu-check-cpu: $(VENV)/.dev-installed
+	PYTHON=$(BIN)/python GPU_CHECK_OUT=$(GPU_CHECK_OUT) bash installers/gpu/device_run.sh --cpu

@@ -28,6 +28,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "type_kv",
         "flash_attn",
         "extra_buffers",
+        "mmap",
+        "pinned_staging",
         "merge_batch_tokens",
         "overflow",
         "history",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._progress import Bar
+from .engine._loader import LoaderChoice
 from .settings import Settings, load_settings
 from .types import Message, Request, Sampling, Token
 
@@ -175,9 +176,9 @@ def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = N
     return steps / max((report["total_ms"] - report["ttft_ms"]) / 1000, 1e-9)
 
 
-def threshold_check(rt: Any) -> dict[str, Any]:
-    """Restore vs recompute at the chosen swap-in threshold (and around it), and what
-    the runtime decides just below it."""
+def threshold_check(rt: Any, lengths: tuple[int, ...] = (4, 16, 64, 256)) -> dict[str, Any]:
+    """Restore vs recompute at the chosen swap-in threshold and at ``lengths`` (each
+    must fit a sequence's context), and what the runtime decides just below it."""
     from .policy import decide_restore
 
     eng, t = rt.engine, rt.tuning
@@ -206,7 +207,7 @@ def threshold_check(rt: Any) -> dict[str, Any]:
 
     def run() -> dict[str, Any]:
         threshold = max(1, t.swap_in_threshold_tokens)
-        sweep = sorted({threshold, 4, 16, 64, 256})
+        sweep = sorted({threshold, *lengths})
         rows = {n: (restore_ms(n), recompute_ms(n)) for n in sweep}
         kvb = eng.kv_bytes_per_token
         below = decide_restore(threshold - 1, (threshold - 1) * kvb, "ram", threshold, rt.rates)
@@ -244,6 +245,7 @@ def run_ours(settings: Settings, system: str, n_conv: int, bar: Bar) -> dict[str
             "set_data_gbps": set_data_gbps(rt),
             "kv_bytes_per_token": rt.engine.kv_bytes_per_token,
             "extra_buffers": rt.engine.model.extra_buffers,
+            "loader": rt.loader.to_dict(),
             "tuning": rt.tuning.report(),
         }
         own_tokens = []
@@ -298,7 +300,11 @@ def child_disk(settings: Settings, system: str) -> dict[str, Any]:
 
 
 # llama-cpp-python's own caches ----------------------------------------------------------------
-def _llama(model: Path, n_ctx: int, extra_buffers: bool, n_gpu_layers: int) -> Any:
+def _llama(
+    model: Path, n_ctx: int, extra_buffers: bool, n_gpu_layers: int, mmap: bool | None = None
+) -> Any:
+    """llama-cpp-python's ``Llama`` loaded as ours was (the loader verdict's mmap and
+    offload; its pinned staging comes with the child's environment, see _child)."""
     from llama_cpp import Llama
 
     if not extra_buffers:
@@ -309,6 +315,7 @@ def _llama(model: Path, n_ctx: int, extra_buffers: bool, n_gpu_layers: int) -> A
         n_gpu_layers=n_gpu_layers,  # the same offload as ours (-1: every layer)
         flash_attn=True,
         verbose=False,
+        use_mmap=mmap is not False,  # Llama has no "auto": mmap, as llama.cpp's auto maps
     )
 
 
@@ -346,10 +353,11 @@ def child_lcp(
     populate: bool,
     extra_buffers: bool = False,
     n_gpu_layers: int = 0,
+    mmap: bool | None = None,
 ) -> dict[str, Any]:
     from llama_cpp import LlamaDiskCache, LlamaRAMCache
 
-    llm = _llama(model, n_ctx, extra_buffers, n_gpu_layers)
+    llm = _llama(model, n_ctx, extra_buffers, n_gpu_layers, mmap)
     llm.set_cache(LlamaDiskCache(cache_dir=str(cache_dir), capacity_bytes=8 << 30))
     first = _lcp_ttft(llm, prompts[0])
     if populate:
@@ -415,10 +423,14 @@ def repeated_ask(settings: Settings) -> dict[str, Any]:
 
 
 # orchestration -------------------------------------------------------------------------------
-def _child(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+def _child(
+    kind: str, payload: dict[str, Any], loader: LoaderChoice | None = None
+) -> dict[str, Any]:
     # keep the caller's PYTHONPATH: an install with --target (make gpu-check) lives there
     paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    if loader is not None:  # the loader verdict's environment (pinned staging)
+        env = loader.child_env(env)
     proc = subprocess.run(
         [sys.executable, "-m", f"{__package__}.bench", "--child", kind, json.dumps(payload)],
         capture_output=True,
@@ -434,8 +446,9 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
     data = settings.model_dump()
     data.update(data_dir=work / "ours", cache_dir=None, model=str(model), recalibrate=False)
     (work / "ours").mkdir(parents=True)
-    # reuse this machine's calibration and extra-buffer verdicts: keyed by machine and model
-    for name in ("calibration.json", "extra_buffers.json"):
+    # reuse this machine's calibration, extra-buffer and loader verdicts: keyed by machine
+    # and model
+    for name in ("calibration.json", "extra_buffers.json", "loader.json"):
         if (settings.data_dir / name).is_file():
             shutil.copy(settings.data_dir / name, work / "ours" / name)
     return load_settings(**{k: v for k, v in data.items() if v is not None})
@@ -467,12 +480,14 @@ def _measure(
     bar: Bar,
 ) -> dict[str, Any]:
     ours = run_ours(ours_settings, system, n_conv, bar)
+    loader = LoaderChoice.from_dict(ours["loader"])
     bar.update(4 + n_conv, "a disk hit in a fresh process")
     disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
     from .engine._llama import LlamaModel
     from .engine._template import ChatTemplate
 
-    lm = LlamaModel(model)  # for its chat template only: nothing is decoded
+    # for its chat template only: nothing is decoded, nothing offloaded (read as proven)
+    lm = LlamaModel(model, 0, mmap=loader.mmap)
     template = ChatTemplate(lm.chat_template(), "", "")
     lm.close()
     prompts = [template.render(conversation(system, i)) for i in (0, 1)]
@@ -482,14 +497,15 @@ def _measure(
         "cache_dir": str(work / "lcp"),
         "prompts": prompts,
         "n_ctx": n_ctx,
-        # the comparison runs on the same machine: the same choice as ours
+        # the comparison runs on the same machine: the same choices as ours
         "extra_buffers": ours["extra_buffers"],
-        "n_gpu_layers": settings.n_gpu_layers,
+        "n_gpu_layers": loader.n_gpu_layers,
+        "mmap": loader.mmap,
     }
     bar.update(5 + n_conv, "llama-cpp-python's LlamaDiskCache, cold")
-    lcp_cold = _child("lcp", {**lcp_args, "populate": True})
+    lcp_cold = _child("lcp", {**lcp_args, "populate": True}, loader)
     bar.update(6 + n_conv, "llama-cpp-python's LlamaDiskCache, warm")
-    lcp = _child("lcp", {**lcp_args, "populate": False})
+    lcp = _child("lcp", {**lcp_args, "populate": False}, loader)
     disk_bytes = du(work / "ours" / "cache")  # before the asks add their own chunks
     bar.update(7 + n_conv, "a repeated question, from process start")
     asks = repeated_ask(ours_settings)
@@ -542,6 +558,7 @@ def summarize(
         "threshold": ours["threshold"],
         "tuning": {k: v["value"] for k, v in ours["tuning"].items()},
         "extra_buffers": ours["extra_buffers"],
+        "loader": ours["loader"],
         "process_start_to_first_token_s": asks["repeat"]["process_start_to_first_token_s"],
         "ask": asks,
     }
@@ -625,6 +642,7 @@ def _main_child(kind: str, payload: dict[str, Any]) -> None:
             payload["populate"],
             payload.get("extra_buffers", False),
             payload.get("n_gpu_layers", 0),
+            payload.get("mmap"),
         )
     print(json.dumps(out))
 

@@ -25,6 +25,13 @@ from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
 from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
+from .engine._loader import (
+    AS_SET,
+    LoaderChoice,
+    LoaderCommand,
+    choose_loader,
+    gpu_offload_supported,
+)
 from .engine._sampling import check_grammar, check_logit_bias
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, ContextOverflow, DiskUnavailable, EngineError, RequestError
@@ -56,19 +63,39 @@ class LoadedModel:
     digest: str
     model: LlamaModel
     extra_buffers: ExtraBuffers = NOT_CHECKED
+    loader: LoaderChoice = AS_SET
 
 
-def load_model(settings: Settings, smoke: SmokeCommand | None = None) -> LoadedModel:
+def load_model(
+    settings: Settings,
+    smoke: SmokeCommand | None = None,
+    loader_smoke: LoaderCommand | None = None,
+    gpu_offload: bool | None = None,
+) -> LoadedModel:
     """Resolves (pulling the default model on first use), digests and loads the model,
     with llama.cpp's extra buffer types only where a smoke decode (``smoke``: its
-    child's command, for tests) showed them safe."""
+    child's command, for tests) showed them safe, and the loader's choices (mmap,
+    pinned staging, offload) that a smoke load (``loader_smoke``) lived through.
+    ``gpu_offload``: whether the build can offload (None: ask it; tests say True)."""
     path = ModelManager(settings.models_dir).resolve(settings.model)
     digest = DigestCache(settings.data_dir / "digests.json").digest(path)
     extra = choose_extra_buffers(
         settings.extra_buffers, path, digest, settings.data_dir / "extra_buffers.json", smoke
     )
-    model = LlamaModel(path, settings.n_gpu_layers, extra_buffers=extra.enabled)
-    return LoadedModel(path, digest, model, extra)
+    loader = choose_loader(
+        mmap=settings.mmap,
+        pinned=settings.pinned_staging,
+        n_gpu_layers=settings.n_gpu_layers,
+        model=path,
+        digest=digest,
+        extra_buffers=extra.enabled,
+        cache_file=settings.data_dir / "loader.json",
+        gpu_offload=gpu_offload_supported() if gpu_offload is None else gpu_offload,
+        command=loader_smoke,
+    )
+    loader.apply_env()
+    model = LlamaModel(path, loader.n_gpu_layers, extra_buffers=extra.enabled, mmap=loader.mmap)
+    return LoadedModel(path, digest, model, extra, loader)
 
 
 def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
@@ -96,6 +123,7 @@ class LocalRuntime:
         defaults are used and the engine measures its KV layout."""
         self.settings = settings
         loaded = model or load_model(settings)
+        self.loader = loaded.loader
         path = loaded.path
         self.geometry = geometry_of(loaded.model, settings.type_kv)
         self.tuning = tuning or fixed_tuning(settings, self.geometry)
@@ -108,7 +136,7 @@ class LocalRuntime:
                 resident_sequences=self.tuning.resident_sequences,
                 n_threads=settings.n_threads or 0,
                 decode_threads=settings.decode_threads or 0,
-                n_gpu_layers=settings.n_gpu_layers,
+                n_gpu_layers=loaded.model.n_gpu_layers,
                 flash_attn=settings.flash_attn,
                 type_kv=settings.type_kv,
                 kv_layout=kv_layout,

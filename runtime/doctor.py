@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ._progress import Bar
+from .engine._loader import LoaderChoice
 from .engine._smoke import ExtraBuffers
 from .hardware import Calibration, HardwareProfile
 from .policy import Tuning
@@ -25,13 +26,15 @@ def doctor_report(
     calibration_reused: bool | None = None,
     extra_buffers: ExtraBuffers | None = None,
     llama_build: dict[str, Any] | None = None,
+    loader: LoaderChoice | None = None,
 ) -> dict[str, Any]:
     """The object ``doctor --json`` prints.
 
     ``{"hardware": {...}, "calibration": {...} | None, "settings": {NAME:
     {"value": ..., "reason": "..."}}}``. ``calibration_reused`` (when known)
     lands in ``calibration["reused"]``; the extra-buffer choice (when known) in
-    ``settings["extra_buffers"]`` (value ``"on"`` or ``"off"``); what the loaded
+    ``settings["extra_buffers"]`` (value ``"on"`` or ``"off"``); the loader's choices
+    (mmap, pinned staging, offload) in ``settings["loader"]``; what the loaded
     llama.cpp library says of itself in ``hardware["llama_cpp"]``. Everything in it
     is JSON-serialisable.
     """
@@ -47,6 +50,8 @@ def doctor_report(
             "value": "on" if extra_buffers.enabled else "off",
             "reason": extra_buffers.reason,
         }
+    if loader is not None:
+        settings["loader"] = {"value": loader.describe(), "reason": loader.reason}
     hardware = profile.to_dict()
     if llama_build is not None:
         hardware["llama_cpp"] = llama_build

@@ -213,6 +213,7 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
         chosen.tuning,
         calibration_reused=chosen.reused,
         extra_buffers=loaded.extra_buffers,
+        loader=loaded.loader,
         llama_build=llama_build_info(),
     )
     cache_dir = settings.effective_cache_dir

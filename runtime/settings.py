@@ -121,6 +121,17 @@ class Settings(BaseSettings):
         description="llama.cpp's extra buffer types (weight repacking, AMX); auto: a "
         "one-time smoke decode in a child process decides (they die by SIGILL on some CPUs)",
     )
+    mmap: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="map the model file (on) or read it (off); auto: llama.cpp's choice, "
+        "proven by a one-time smoke load in a child where layers are offloaded (read "
+        "instead if the child dies)",
+    )
+    pinned_staging: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="CUDA's pinned host buffers for loading (off: GGML_CUDA_NO_PINNED); "
+        "auto: on, unless the smoke load dies with them",
+    )
     overflow: Literal["trim", "error"] = Field(
         "trim",
         description="a conversation longer than the context: 'trim' leaves out its earliest "

@@ -4,6 +4,9 @@ llama.cpp on the CPU, and the report has its shape with the GPU parts absent."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +17,10 @@ from tests.conftest import chat, small_settings
 
 REPORT_KEYS = {
     "started_at", "python", "machine", "cpus", "seconds", "errors",
-    "llama_cpp", "gpu", "copies", "model", "loads", "bench",
+    "llama_cpp", "gpu", "copies", "model", "verdicts", "loads", "sweep", "equivalence", "bench",
+    "serve",
 }  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("clean_settings")
@@ -65,9 +70,63 @@ def test_the_report_without_a_gpu(tmp_path: Path) -> None:
         assert report["copies"] is None
     assert report["model"]["geometry"] == "tiny" and report["model"]["bytes"] > 0
     assert report["bench"] is None and set(report["seconds"]) >= {"gpu", "copies", "model"}
+    assert report["sweep"] is None and report["equivalence"] is None  # not asked for
+    # the product's verdicts, found by its own smoke children: a CPU build offloads nothing
+    assert "nothing to prove" in report["verdicts"]["loader"]["reason"]
+    assert set(report["verdicts"]["extra_buffers"]) == {"enabled", "reason"}
     # llama-cpp-python's loader and ours, offloaded or not, each in its own child
     assert len(report["loads"]) == 4
     assert all(load["returncode"] == 0 for load in report["loads"].values()), report["loads"]
+
+
+def test_the_sweep_the_equivalence_and_serve_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    gpu_check.main(["--out", str(out), "--work", str(tmp_path), "--geometry", "tiny", "--no-bench",
+                    "--no-loads", "--sweep", "16,64,256", "--equivalence", "--serve"])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert not report["errors"], report["errors"]
+    sweep = report["sweep"]
+    assert {"16", "64", "256"} <= set(sweep["sweep"])
+    assert sweep["policy_threshold_tokens"] >= 1 and sweep["policy_reason"]
+    measured = sweep["measured_threshold_tokens"]
+    assert measured is None or str(measured) in sweep["sweep"]
+    eq = report["equivalence"]
+    assert len(eq["replies"]) == len(gpu_check.EQUIVALENCE_SET)
+    assert eq["all_equal"], eq["replies"]  # greedy: the cache changes nothing
+    assert all(set(row) == {"no_cache", "cold", "live", "ram"} for row in eq["replies"].values())
+    served = report["serve"]
+    assert served["status"] == 200 and served["usage"]["completion_tokens"] > 0
+
+
+def test_the_scripts_parse() -> None:
+    for name in ("carry.sh", "install.sh", "device_run.sh"):
+        proc = subprocess.run(["bash", "-n", str(ROOT / "installers" / "gpu" / name)])
+        assert proc.returncode == 0, name
+
+
+@pytest.mark.slow
+def test_the_one_device_call_runs_here_on_the_cpu(tmp_path: Path) -> None:
+    """device_run.sh --cpu: every step the GPU call makes, on the CPU build and tiny
+    models, each leaving its files in OUT, and the summary with the GPU parts absent."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_WORK": str(tmp_path / "work")}
+    env["PYTHON"] = sys.executable
+    script = ROOT / "installers" / "gpu" / "device_run.sh"
+    proc = subprocess.run(["bash", str(script), "--cpu"], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    steps = [row.split("\t") for row in (out / "steps.tsv").read_text().splitlines()]
+    assert [s[0] for s in steps] == ["facts", "diagnose", "figures-big", "figures-small"]
+    assert all(s[1] == "0" for s in steps), steps
+    assert json.loads((out / "diagnosis" / "diagnosis.json").read_text())["cases"]
+    big = json.loads((out / "gpu-check-big.json").read_text())
+    assert not big["errors"] and big["bench"]["cold_ttft_s"] > 0 and big["sweep"]["sweep"]
+    summary = (out / "summary.md").read_text()
+    assert "## Diagnosis" in summary and "| big_gpu_all | ok |" in summary
+    assert "| pinned host-to-device GB/s | - |" in summary  # no GPU here: absent, not guessed
+    assert "| greedy cold = live = RAM = no cache | True |" in summary
+    assert "| `warmstart serve --n-gpu-layers -1` HTTP status | 200 |" in summary
+    assert proc.stdout.startswith("# make gpu-check")
 
 
 @pytest.mark.slow

@@ -10,13 +10,23 @@ check.sh prepares that on a machine without network. Sections:
   memory (torch as the ruler) and each as a fraction of the link; ``None``
   without torch and a CUDA device;
 - ``model``: the synthetic GGUF (installers/gpu/synth_gguf.py) and how long it took;
+- ``verdicts``: the extra-buffers and loader verdicts (engine._smoke, engine._loader)
+  for it, found by their smoke children as the product finds them, in the data dir
+  that every later section uses;
 - ``loads``: the model loaded in a child each way, all layers offloaded or none, by
-  llama-cpp-python's own ``Llama`` and by warmstart's loader: exit status and the
-  end of stderr (llama.cpp's log on), so a crash is placed on one side or the other;
+  llama-cpp-python's own ``Llama`` and by warmstart's loader, both as the verdicts
+  say: exit status and the end of stderr (llama.cpp's log on);
+- ``sweep``: restore against recompute over prefix lengths (``--sweep``), the
+  threshold measured (the shortest length from which restoring wins) beside the
+  policy's;
+- ``equivalence``: greedy replies cold, from the live context and from the RAM pool
+  against ``use_cache=False`` (``--equivalence``);
 - ``bench``: ``warmstart bench --json`` on it with every layer offloaded
-  (cold, RAM-hit and disk-hit TTFT, restore GB/s, start to first token);
-- ``seconds``: each phase; ``errors``: any section that failed, by name (the
-  report is written whatever fails, so one run says as much as it can).
+  (cold, live, RAM-hit and disk-hit TTFT, restore GB/s, decode tok/s);
+- ``serve``: ``warmstart serve --n-gpu-layers -1`` answering a chat completion over
+  HTTP on loopback (``--serve``);
+- ``seconds``: each phase; ``errors``: any section that failed, by name. The report
+  is rewritten after every section, so a crash or a timeout keeps what came before.
 
     python installers/gpu/gpu_check.py --out report.json [--geometry llama-8b] [--no-bench]
 """
@@ -73,8 +83,11 @@ def copies_section(gpu: dict[str, Any] | None, nbytes: int = COPY_BYTES) -> dict
 
 def model_section(path: Path, geometry: str) -> dict[str, Any]:
     g = GEOMETRIES[geometry]
-    write(path, g)
+    reused = path.is_file()  # written whole by an earlier step (diagnose.py)
+    if not reused:
+        write(path, g)
     return {
+        "reused": reused,
         "path": str(path),
         "bytes": path.stat().st_size,
         "geometry": geometry,
@@ -100,28 +113,199 @@ def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict
     return dict(json.loads(proc.stdout))
 
 
-# each load in a child: a segfault ends the child, not the report
+# each load in a child: a segfault ends the child, not the report; argv: MODEL LAYERS
+# MMAP (None/True/False) EXTRA_BUFFERS (True/False)
 _LOADERS = {
-    "llama_cpp": "import llama_cpp, sys; llama_cpp.Llama(sys.argv[1],"
-    " n_gpu_layers=int(sys.argv[2]), n_ctx=512, verbose=True)",
+    "llama_cpp": "import llama_cpp, sys; from warmstart.runtime import bench; "
+    "sys.argv[4] == 'True' or bench._without_extra_buffers(); "
+    "llama_cpp.Llama(sys.argv[1], n_gpu_layers=int(sys.argv[2]), "
+    "use_mmap=sys.argv[3] != 'False', n_ctx=512, verbose=True)",
     "warmstart": "import sys; from pathlib import Path; from warmstart.runtime.engine._llama import"
-    " LlamaModel; LlamaModel(Path(sys.argv[1]), int(sys.argv[2]))",
+    " LlamaModel; LlamaModel(Path(sys.argv[1]), int(sys.argv[2]), extra_buffers=sys.argv[4] == "
+    "'True', mmap={'None': None, 'True': True, 'False': False}[sys.argv[3]])",
 }
 
 
-def loads_section(model: Path, timeout: float = 120.0) -> dict[str, Any]:
+def verdicts_section(model: Path, data_dir: Path, n_gpu_layers: int = -1) -> dict[str, Any]:
+    """The product's own verdicts for ``model``, cached in ``data_dir`` for the rest."""
+    from warmstart.runtime.engine._loader import choose_loader, gpu_offload_supported
+    from warmstart.runtime.engine._smoke import choose_extra_buffers
+    from warmstart.runtime.models import DigestCache
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    digest = DigestCache(data_dir / "digests.json").digest(model)
+    extra = choose_extra_buffers("auto", model, digest, data_dir / "extra_buffers.json")
+    loader = choose_loader(
+        mmap="auto",
+        pinned="auto",
+        n_gpu_layers=n_gpu_layers,
+        model=model,
+        digest=digest,
+        extra_buffers=extra.enabled,
+        cache_file=data_dir / "loader.json",
+        gpu_offload=gpu_offload_supported(),
+    )
+    return {"extra_buffers": extra.to_dict(), "loader": loader.to_dict()}
+
+
+def loads_section(
+    model: Path, verdicts: dict[str, Any] | None, timeout: float = 120.0
+) -> dict[str, Any]:
+    from warmstart.runtime.engine._loader import AS_SET, LoaderChoice
+
+    loader = LoaderChoice.from_dict(verdicts["loader"]) if verdicts else AS_SET
+    extra = bool(verdicts and verdicts["extra_buffers"]["enabled"])
     out: dict[str, Any] = {}
     for name, code in _LOADERS.items():
-        for layers in (-1, 0):
+        for layers in (loader.n_gpu_layers, 0):
             cmd = [sys.executable, "-X", "faulthandler", "-c", code, str(model), str(layers)]
+            cmd += [str(loader.mmap), str(extra)]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env=loader.child_env()
+            )
             out[f"{name}_gpu_layers_{layers}"] = {
                 "returncode": proc.returncode,
                 "seconds": round(time.perf_counter() - t0, 3),
                 "stderr_tail": proc.stderr[-4000:],
             }
     return out
+
+
+def _runtime(model: Path, data_dir: Path, **settings: Any) -> Any:
+    from warmstart.runtime.factory import open_runtime
+    from warmstart.runtime.settings import load_settings
+
+    s = load_settings(model=str(model), data_dir=data_dir, prewarm_sessions=0, **settings)
+    return open_runtime(s, prewarm=False)
+
+
+def sweep_section(model: Path, data_dir: Path, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """Restore and recompute timed at each prefix length, fully offloaded."""
+    from warmstart.runtime import bench
+
+    rt = _runtime(model, data_dir, n_ctx=max(lengths) + 256, resident_sequences=2)
+    try:
+        check = bench.threshold_check(rt, lengths)
+        policy = rt.tuning.report()["swap_in_threshold_tokens"]
+    finally:
+        rt.close()
+    rows = sorted((int(n), r["restore_ms"] < r["recompute_ms"]) for n, r in check["sweep"].items())
+    measured = None
+    for i, (n, _) in enumerate(rows):  # the shortest length from which restoring always wins
+        if all(wins for _, wins in rows[i:]):
+            measured = n
+            break
+    return {
+        **check,
+        "policy_threshold_tokens": policy["value"],
+        "policy_reason": policy["reason"],
+        "measured_threshold_tokens": measured,
+        # restoring already won at the shortest length timed: the true one is lower
+        "measured_below_sweep": measured is not None and measured == rows[0][0],
+    }
+
+
+EQUIVALENCE_SET = (
+    ("What is the capital of France? Tell me one fact about it.",),
+    ("Name three primary colors and say why they are called primary.",),
+    ("Hello.", "Hello! How can I help?", "Count from one to five."),
+)
+
+
+def equivalence_section(model: Path, data_dir: Path, max_tokens: int = 24) -> dict[str, Any]:
+    """Greedy replies cold, live and from the RAM pool against no cache at all."""
+    from dataclasses import replace
+
+    from warmstart.runtime.types import Message, Request, Sampling
+
+    rt = _runtime(model, data_dir)
+    rows: dict[str, dict[str, str]] = {}
+    try:
+        for turns in EQUIVALENCE_SET:
+            roles = ("user", "assistant")
+            messages = tuple(Message(roles[i % 2], t) for i, t in enumerate(turns))
+            req = Request(messages=messages, sampling=Sampling(max_tokens=max_tokens))
+            row = {"no_cache": rt.generate(replace(req, use_cache=False)).text()[0]}
+            row["cold"] = rt.generate(req).text()[0]
+            rt.wait_idle()
+            row["live"] = rt.generate(req).text()[0]
+            rt.wait_idle()
+            rt.evict_live()
+            row["ram"] = rt.generate(req).text()[0]
+            rt.wait_idle()
+            rows[turns[-1]] = row
+    finally:
+        rt.close()
+    same = all(len(set(row.values())) == 1 for row in rows.values())
+    return {"all_equal": same, "replies": rows}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, timeout: float) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_section(model: Path, data_dir: Path, timeout: float = 180.0) -> dict[str, Any]:
+    """``warmstart serve --n-gpu-layers -1`` answers a chat completion over HTTP."""
+    import urllib.request
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "warmstart.runtime.cli", "serve"]
+    cmd += ["--model", str(model), "--data-dir", str(data_dir), "--n-gpu-layers", "-1"]
+    cmd += ["--port", str(port), "--prewarm-sessions", "0"]
+    log = data_dir / "serve.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        while not _get(f"{base}/health", 2.0):
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"warmstart serve not ready ({proc.poll()}): {tail}")
+            time.sleep(0.5)
+        ready = time.perf_counter() - t0
+        body = {"model": model.stem, "max_tokens": 8, "temperature": 0}
+        body["messages"] = [{"role": "user", "content": "Say hello."}]
+        req = urllib.request.Request(
+            f"{base}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        t1 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer = json.loads(resp.read())
+            status = resp.status
+        return {
+            "status": status,
+            "reply": answer["choices"][0]["message"]["content"],
+            "usage": answer.get("usage"),
+            "ready_s": round(ready, 3),
+            "request_s": round(time.perf_counter() - t1, 3),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,20 +327,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report[name] = None
             report["errors"][name] = "".join(traceback.format_exception_only(exc)).strip()
         report["seconds"][name] = round(time.perf_counter() - t0, 3)
+        write_report(args.out, report)  # a crash in a later section keeps this one
         return report[name]
 
     section("llama_cpp", llama_cpp_section)
     gpu = section("gpu", lambda: gpu_section(work / "data" / "cache"))
     section("copies", lambda: copies_section(gpu))
-    model = work / f"synthetic-{args.geometry}.gguf"
-    section("model", lambda: model_section(model, args.geometry))
-    if args.loads and report["model"] is not None:
-        section("loads", lambda: loads_section(model))
-    if args.bench and report["model"] is not None:
-        section("bench", lambda: bench_section(model, work / "data", args))
+    name = args.model.stem if args.model else args.geometry
+    model = args.model or work / f"synthetic-{args.geometry}.gguf"
+    if args.model:
+        report["model"] = {"path": str(model), "bytes": model.stat().st_size, "geometry": None}
     else:
-        report["bench"] = None
+        section("model", lambda: model_section(model, args.geometry))
+    data = work / f"data-{name}"
+    have_model = report["model"] is not None
+    verdicts = section("verdicts", lambda: verdicts_section(model, data)) if have_model else None
+    # the equivalence first (short, and it calibrates the data dir that bench and the
+    # sweep then reuse), the figures next, the checks last: a timeout loses the least
+    for key, wanted, fn in (
+        ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
+        ("bench", args.bench, lambda: bench_section(model, data, args)),
+        ("sweep", args.sweep, lambda: sweep_section(model, data, tuple(args.sweep))),
+        ("serve", args.serve, lambda: serve_section(model, data / "serve")),
+        ("loads", args.loads, lambda: loads_section(model, verdicts)),
+    ):
+        if wanted and have_model:
+            section(key, fn)
+        else:
+            report[key] = None
+    write_report(args.out, report)
     return report
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -164,6 +371,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="where the JSON report goes")
     p.add_argument("--work", type=Path, default=None, help="model and data dir (default: temp)")
     p.add_argument("--geometry", choices=sorted(GEOMETRIES), default="llama-8b")
+    p.add_argument("--model", type=Path, default=None, help="a GGUF instead of a synthetic one")
+    p.add_argument(
+        "--sweep",
+        type=lambda v: [int(n) for n in v.split(",")],
+        default=None,
+        help="prefix lengths to time restore against recompute at (comma-separated)",
+    )
+    p.add_argument("--equivalence", action="store_true", help="greedy replies vs no cache")
+    p.add_argument("--serve", action="store_true", help="warmstart serve answers over HTTP")
     p.add_argument("--no-bench", dest="bench", action="store_false")
     p.add_argument("--quick", action="store_true", help="bench's small workload")
     p.add_argument("--no-loads", dest="loads", action="store_false", help="skip the load children")
@@ -177,8 +393,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
     return 1 if report["errors"] else 0
 

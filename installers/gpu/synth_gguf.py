@@ -13,6 +13,7 @@ timings are those of a real model of that size.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,11 @@ class Geometry:
 
 
 GEOMETRIES = {
-    # Llama-3-8B: 32 layers, 4096 wide, GQA 32/8, FFN 14336 (about 7.5 GB as Q8_0)
-    "llama-8b": Geometry(32, 4096, 32, 8, 14336),
+    # Llama-3-8B: 32 layers, 4096 wide, GQA 32/8, FFN 14336 (about 7.5 GB as Q8_0); the
+    # context of Llama-3.1's, so that the restore-or-recompute sweep reaches 16K tokens
+    "llama-8b": Geometry(32, 4096, 32, 8, 14336, n_ctx_train=32768),
+    # the default model's (SmolLM2-135M) shape: figures for it where it cannot be fetched
+    "smollm2-135m": Geometry(30, 576, 9, 3, 1536),
     # small enough for a CPU test in a second or two, same shape of model
     "tiny": Geometry(2, 256, 4, 2, 512, n_ctx_train=4096),
 }
@@ -70,12 +74,14 @@ def _weights(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
 
 
 def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
-    """Writes the model to ``path`` (replacing it) and returns ``path``."""
+    """Writes the model to ``path`` (replacing it, whole or not at all: a file that
+    exists is complete, and a later step may reuse it) and returns ``path``."""
     import gguf
 
     g, rng = geometry, np.random.default_rng(seed)
     tokens, scores, types = vocabulary()
-    w = gguf.GGUFWriter(str(path), "llama")
+    part = path.with_name(path.name + ".part")
+    w = gguf.GGUFWriter(str(part), "llama")
     w.add_name(f"warmstart synthetic llama {g.n_layer}x{g.n_embd}")
     w.add_context_length(g.n_ctx_train)
     w.add_embedding_length(g.n_embd)
@@ -128,6 +134,7 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.replace(part, path)
     return path
 
 

@@ -81,18 +81,41 @@ def _silence_llama_logs() -> None:
     ll.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
+def set_mmap(params: Any, mmap: bool) -> None:
+    """Model params that map the file or read it: ``load_mode`` at llama-cpp-python
+    0.3.36 (llama.cpp's loader modes), ``use_mmap`` before it."""
+    names = {name for name, _ in type(params)._fields_}
+    if "load_mode" in names:
+        params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if mmap else ll.LLAMA_LOAD_MODE_NONE
+    elif "use_mmap" in names:
+        params.use_mmap = mmap
+
+
 class LlamaModel:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = -1, *, extra_buffers: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        n_gpu_layers: int = -1,
+        *,
+        extra_buffers: bool = False,
+        mmap: bool | None = None,
+    ) -> None:
         """``extra_buffers``: llama.cpp's extra buffer types (weight repacking, AMX); off
-        unless engine._smoke found them safe here (on AMX CPUs they can die by SIGILL)."""
+        unless engine._smoke found them safe here (on AMX CPUs they can die by SIGILL).
+        ``mmap``: map the file (True) or read it (False); None leaves llama.cpp's own
+        choice (engine._loader proves whichever is used in a child first)."""
         _silence_llama_logs()
         ll.llama_backend_init()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 10**6 if n_gpu_layers < 0 else n_gpu_layers
         params.use_extra_bufts = extra_buffers
+        if mmap is not None:
+            set_mmap(params, mmap)
         self.extra_buffers = extra_buffers
+        self.mmap = mmap
+        self.n_gpu_layers = n_gpu_layers
         self.path = path
         self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:

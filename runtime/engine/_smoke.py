@@ -103,8 +103,13 @@ def smoke_test(
     next start tries again.
     """
     started = time.perf_counter()
+    # extra buffer types are the CPU's: with no GPU visible, a death here is theirs and
+    # not CUDA's (engine._loader proves the GPU's paths in a child of its own)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     try:
-        proc = subprocess.run(command(model), capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            command(model), capture_output=True, text=True, timeout=timeout_s, env=env
+        )
     except subprocess.TimeoutExpired:
         return ExtraBuffers(
             False, f"a smoke decode with llama.cpp's extra buffer types hung for {timeout_s:.0f} s"
@@ -191,19 +196,27 @@ class VerdictCache:
                 raise ValueError(f"unknown format {data.get('format')!r}")
             return dict(data["entries"])
         except (OSError, ValueError, AttributeError) as exc:
-            log.warning("extra-buffer verdicts %s unusable (%s); testing again", self.path, exc)
+            log.warning("verdicts %s unusable (%s); testing again", self.path, exc)
             return {}
 
     def get(self, key: str) -> ExtraBuffers | None:
-        entry = self._entries().get(key)
+        entry = self.entry(key)
         try:
             return ExtraBuffers(bool(entry["enabled"]), str(entry["reason"])) if entry else None
         except (KeyError, TypeError):
             return None
 
     def put(self, key: str, verdict: ExtraBuffers) -> None:
+        self.put_entry(key, verdict.to_dict())
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        """The dict stored under ``key`` (engine._loader's verdicts share the format)."""
+        entry = self._entries().get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put_entry(self, key: str, value: dict[str, Any]) -> None:
         entries = self._entries()
-        entries[key] = {**verdict.to_dict(), "measured_at": time.time()}
+        entries[key] = {**value, "measured_at": time.time()}
         newest = sorted(entries.items(), key=lambda kv: kv[1].get("measured_at", 0), reverse=True)
         payload = {"format": FORMAT_VERSION, "entries": dict(newest[:_KEEP_ENTRIES])}
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# make gpu-check: the whole GPU check in ONE device call, each step under its own
+# timeout and inside one budget for the call (a device command may run 600 s), each
+# writing into $OUT as it goes, so a crash or a timeout keeps everything before it:
+#   facts      uname, nvidia-smi, nvcc, CPU flags                    $OUT/facts.out
+#   install    carried wheels + llama-cpp-python built for sm_90     $OUT/install.err
+#   diagnose   installers/gpu/diagnose.py, the load crash, case by case  $OUT/diagnosis/
+#   figures-*  installers/gpu/gpu_check.py on the 8B geometry and on the default model's
+#              (verdicts, loads, restore/recompute sweep, equivalence, bench)  $OUT/gpu-check-*.json
+#   summary    $OUT/summary.md (rewritten after every step), steps in $OUT/steps.tsv
+#
+#   bash installers/gpu/device_run.sh         # on the GPU machine (after `make gpu-carry` here)
+#   bash installers/gpu/device_run.sh --cpu   # here, with the venv's CPU build: the same
+#                                             # steps on tiny models, no install
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MODE=gpu
+[ "${1:-}" = "--cpu" ] && MODE=cpu
+OUT=${OUT:-${GPU_CHECK_OUT:-gpu-check}}
+WORK=${GPU_CHECK_WORK:-/tmp/warmstart-gpu-check}
+BUDGET=${GPU_RUN_BUDGET_S:-540}  # the run tool's 600 s per call, less a margin
+if [ "$MODE" = cpu ] && [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; fi
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT" "$WORK"
+START=$(date +%s)
+: >"$OUT/steps.tsv"
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# step NAME LIMIT_S CMD...: CMD under `timeout` (its limit, or what the budget has left
+# less a margin for the rest), stdout and stderr in $OUT/NAME.{out,err}, its exit status
+# (124: timed out; 128+N: signal N) and seconds in steps.tsv, then the summary again
+step() {
+    local name=$1 limit=$2 rest t0 rc
+    shift 2
+    rest=$(($(left) - 10))
+    if [ "$rest" -lt 15 ]; then
+        printf '%s\tskipped\t0\n' "$name" >>"$OUT/steps.tsv"
+        return 0
+    fi
+    [ "$limit" -gt "$rest" ] && limit=$rest
+    t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+    rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" >>"$OUT/steps.tsv"
+    "$PYTHON" installers/gpu/summary.py "$OUT" >"$OUT/summary.md.tmp" 2>>"$OUT/summary.err" &&
+        mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+    return 0
+}
+
+facts() {
+    uname -a
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    nproc
+    free -g 2>/dev/null
+    grep -m1 '^model name' /proc/cpuinfo
+    grep -m1 -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u
+    nvidia-smi 2>&1 | head -20
+    nvcc --version 2>&1 | tail -2
+    "$PYTHON" --version
+    "$PYTHON" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1 | tail -1
+    command -v cuda-gdb || echo "no cuda-gdb"
+}
+export -f facts
+export PYTHON
+
+if [ "$MODE" = gpu ]; then
+    BIG=${GPU_BIG:-llama-8b} SMALL=${GPU_SMALL:-smollm2-135m}
+    SWEEP=256,512,1024,2048,4096,8192,12288,16384
+    SMALL_SWEEP=64,256,1024,2048,4096
+    BIG_BENCH=(--bench-timeout 200) SMALL_BENCH=(--quick --bench-timeout 100)
+    DIAG=(--timeout-s 90 --budget-s 190)
+else
+    BIG=tiny SMALL=tiny SWEEP=16,64,256 SMALL_SWEEP=16,64
+    BIG_BENCH=(--quick) SMALL_BENCH=(--no-bench)
+    DIAG=(--timeout-s 60 --budget-s 120)
+fi
+
+step facts 30 bash -c facts
+if [ "$MODE" = gpu ]; then
+    SITE=${GPU_CHECK_SITE:-/tmp/warmstart-gpu-site}
+    step install 300 env GPU_CHECK_SITE="$SITE" PYTHON="$PYTHON" bash installers/gpu/install.sh
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    # the built wheel back in $OUT when small enough to carry: a second call skips the build
+    for wheel in "${CARRY:-.gpu-carry}"/built/llama_cpp_python-*.whl; do
+        [ -f "$wheel" ] && [ "$(stat -c %s "$wheel")" -lt 50000000 ] && cp "$wheel" "$OUT/"
+    done
+fi
+# the machine's own warmstart config stays out: an empty one of ours (a named file must exist)
+export WARMSTART_CONFIG="$OUT/no-config.toml"
+: >"$WARMSTART_CONFIG"
+step diagnose 200 "$PYTHON" installers/gpu/diagnose.py --out "$OUT/diagnosis" --work "$WORK" \
+    --big "$BIG" "${DIAG[@]}"
+step figures-big 260 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
+    --work "$WORK" --geometry "$BIG" --sweep "$SWEEP" --equivalence "${BIG_BENCH[@]}"
+step figures-small 120 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-small.json" \
+    --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --serve --no-loads \
+    "${SMALL_BENCH[@]}"
+cat "$OUT/summary.md" 2>/dev/null
