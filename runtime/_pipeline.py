@@ -25,7 +25,7 @@ from .engine._engine import Engine, Resident, reusable
 from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
 from .errors import EngineError, WarmstartError
-from .kvstore._keys import aligned_cuts, batch_cuts, chunk_key, decode_groups
+from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, chunk_key, decode_groups
 from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from .sessions import SessionBook
 
 log = logging.getLogger(__name__)
-TAIL_TOKENS = 2  # prompt tokens always decoded together, never restored
 
 
 @dataclass

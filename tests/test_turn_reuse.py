@@ -113,3 +113,18 @@ def test_a_tool_loop_sent_at_once_equals_no_cache_and_reuses_when_idle(
             assert _said(reply) == _said(expected)
     for i, (request, _, cached) in enumerate(idle[1:], start=1):
         assert cached == _history_tokens(rt, request.messages[:-1], request), (i, cached)
+
+
+def test_a_repeat_after_the_reply_was_kept_decodes_only_the_last_two_tokens(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path
+) -> None:
+    """Keeping the reply for the next turn keeps the prompt's own last batches too (the
+    assistant's opening ends batches in every prompt): a repeat stays a live hit."""
+    rt = make_runtime(tmp_path / "cached")
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    request = _chat((SYSTEM, Message("user", "Name a colour.")))
+    first, _ = _reply(rt, request)
+    again, cached = _reply(rt, request)
+    assert again == first == _reply(oracle, request)[0]
+    ids, _ = rt.engine.prompt_ids(request)
+    assert cached == len(ids) - 2, cached

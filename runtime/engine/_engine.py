@@ -22,7 +22,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..kvstore._keys import common_prefix
+from ..kvstore._keys import TAIL_TOKENS, common_prefix
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
 from ._llama import (
@@ -159,7 +159,7 @@ class Engine:
             self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
         )
         self.tool_format = _tools.detect_format(self.template.source)
-        self.turn_token = self._find_turn_token()
+        self.opener = self._find_opener()
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -240,25 +240,36 @@ class Engine:
         return ids, tuple(sorted(anchors))
 
     def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
-        token = self.turn_token
-        if token is None:
+        """Where each turn opens, and around each assistant opening its end and the two
+        tokens before it: the prompt's own last batches (see ``batch_cuts``' tail) are
+        then batches of every later turn too, so the live prompt, not only what comes
+        before its opening, is kept for the next turn, and a repeat decodes two tokens."""
+        opener = self.opener
+        if not opener:
             return ()
-        return tuple(i for i, t in enumerate(ids) if t == token and i > 0)
+        n, out = len(opener), set()
+        for i, token in enumerate(ids):
+            if token != opener[0] or i == 0:
+                continue
+            out.add(i)
+            if list(ids[i : i + n]) == opener:
+                out.update(c for c in (i + n - TAIL_TOKENS, i + n) if c > i)
+        return tuple(sorted(out))
 
-    def _find_turn_token(self) -> int | None:
-        """The control token that opens a turn (ChatML's ``<|im_start|>``, Gemma's
-        ``<start_of_turn>``): the first token of the assistant's opening, which the
-        template adds to a prompt. None when that is not a control token."""
+    def _find_opener(self) -> list[int]:
+        """The assistant's opening, which the template adds to a prompt (ChatML's
+        ``<|im_start|>assistant\\n``), when it starts with a control token (which only
+        the template's markup holds); [] otherwise."""
         probe = (Message("user", "x"),)
         try:
             bare = self.prompter.ids(self.template.render_parts(probe, False))
             opened = self.prompter.ids(self.template.render_parts(probe, True))
         except RequestError:
-            return None
+            return []
         if len(opened) <= len(bare) or opened[: len(bare)] != bare:
-            return None
-        first = opened[len(bare)]
-        return first if self.prompter.is_control(first) else None
+            return []
+        opener = opened[len(bare) :]
+        return opener if self.prompter.is_control(opener[0]) else []
 
     def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
         """How the request's tools and tool turns reach this model (None: it has none)."""

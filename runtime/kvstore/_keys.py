@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Sequence
 
 KEY_BYTES = 16
+TAIL_TOKENS = 2  # a prompt's last tokens, always decoded together, never restored
 
 
 def root_key(fingerprint: str) -> bytes:
@@ -26,7 +27,7 @@ def chunk_key(parent: bytes, tokens: Sequence[int]) -> bytes:
 
 
 def batch_cuts(
-    n_tokens: int, chunk_tokens: int, anchors: Sequence[int] = (), tail: int = 2
+    n_tokens: int, chunk_tokens: int, anchors: Sequence[int] = (), tail: int = TAIL_TOKENS
 ) -> list[int]:
     """The ends of the batches a prompt of ``n_tokens`` is prefilled in, cold or not.
 
