@@ -84,6 +84,7 @@ def serve(
     log_level: str = "info",
     sock: socket.socket | None = None,
     opener: Opener | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
@@ -92,7 +93,8 @@ def serve(
 
     ``sock`` comes from bind_listener() (called before loading the model); without it
     the checks and the bind happen here. Raises ConfigError before serving anything
-    when the bind rule is broken or the address cannot be bound."""
+    when the bind rule is broken or the address cannot be bound. ``on_ready(model)``
+    is called once the socket listens (``warmstart serve`` introduces itself then)."""
     if sock is None:
         sock = bind_listener(settings)
     app = create_app(settings, runtime, opener)
@@ -122,7 +124,8 @@ def serve(
     notify_when_ready(settings.host, settings.port, tls=config.ssl_certfile is not None)
     scheme = "https" if settings.tls_cert else "http"
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
-    server = _Server(config, on_exit=lambda: st.runtime.cancel_all())
+    ready = (lambda: on_ready(st.model_name)) if on_ready is not None else None
+    server = _Server(config, on_exit=lambda: st.runtime.cancel_all(), on_ready=ready)
     try:
         with _sigterm_returns():
             server.run(sockets=[sock])
@@ -137,9 +140,20 @@ class _Server(uvicorn.Server):
     stream gets its last event and [DONE] at once, instead of being cut (with a
     CancelledError traceback) when the graceful-shutdown timeout runs out."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_exit: Callable[[], None],
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._on_exit, self._on_ready = on_exit, on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        # started: the lifespan ran and the sockets listen (not set when startup failed)
+        if self.started and self._on_ready is not None:
+            self._on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
