@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.types import Message
 
 from .conftest import free_port
 
@@ -63,5 +65,13 @@ def test_without_a_server_they_use_the_files_and_load_no_model(tmp_path: Path) -
     table = _cli(tmp_path, port, "cache", "stats")
     assert "KV cache (the files in" in table.stdout and "no server answered" in table.stdout
     assert _cli(tmp_path, port, "sessions", "list").returncode == 0
+    book = SessionBook(tmp_path / "sessions.db")
+    book.save("c0123456789ab", (Message("user", "Hi"),), 3, None, None, anonymous=True)
+    book.save("my-chat", (Message("user", "Plan a trip"),), 4, None, None)
+    book.close()
+    listed = _cli(tmp_path, port, "sessions", "list").stdout
+    assert "my-chat" in listed and "c0123456789ab" not in listed
+    every = _cli(tmp_path, port, "sessions", "list", "--all").stdout
+    assert "c0123456789ab" in every and "(no session id)" in every
     gone = _cli(tmp_path, port, "sessions", "delete", "nope")
     assert gone.returncode == 1 and "no session nope" in gone.stdout

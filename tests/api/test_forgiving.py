@@ -125,3 +125,21 @@ def test_requests_without_a_session_stay_out_of_the_list(server: Server) -> None
     every = httpx.get(server.v1 + "/warmstart/sessions", params={"q": marker, "all": 1})
     found = every.json()["data"]
     assert len(found) == 2 and [s["anonymous"] for s in found].count(True) == 1
+
+
+def test_the_apps_list_is_the_users_chats(server: Server) -> None:
+    """The desktop app lists what /v1/warmstart/sessions lists: its own chats (it always
+    names them), not the requests of other clients that named none."""
+    from warmstart.app.core.api import ApiClient
+
+    marker = uuid.uuid4().hex
+    body = {"model": "default", "messages": [{"role": "user", "content": f"Hi {marker}"}]}
+    assert httpx.post(server.v1 + "/chat/completions", json=body, timeout=60).status_code == 200
+    named = {**body, "user": f"app-{marker}"}  # the app sends its id as `user` and a header
+    assert httpx.post(server.v1 + "/chat/completions", json=named, timeout=60).status_code == 200
+    api = ApiClient(server.v1)
+    try:
+        listed = api.sessions(marker)
+    finally:
+        api.close()
+    assert listed is not None and [s.id for s in listed] == [f"app-{marker}"]
