@@ -154,8 +154,7 @@ class JsonBodyMiddleware:
     Content-Type says (or without one), as Ollama does. ``curl -d`` sends
     application/x-www-form-urlencoded, and FastAPI hands a body of any type but JSON
     (none included) to the route's pydantic model as bytes ("Input should be a valid
-    dictionary").
-    Every body this API takes is JSON, so no other kind is lost.
+    dictionary"). Every body this API takes is JSON, so no other kind is lost.
 
     Inside BodyLimitMiddleware: the body is bounded and arrives as one message. A
     browser's cross-site "simple" POST (text/plain, no preflight) is still refused by
@@ -166,20 +165,19 @@ class JsonBodyMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
-            await self.app(scope, receive, send)
-            return
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        if _is_json(dict(scope["headers"]).get(b"content-type", b"")):  # none: not JSON either
+        declared = dict(scope.get("headers", ())).get(b"content-type", b"")
+        if scope["type"] != "http" or scope["method"] not in _WITH_BODY or _is_json(declared):
             await self.app(scope, receive, send)
             return
         message = await receive()
-        if message["type"] == "http.request" and message.get("body", b"").lstrip()[:1] in (
-            b"{",
-            b"[",
-        ):
+        if message["type"] == "http.request" and _looks_like_json(message.get("body", b"")):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, _first(receive, message), send)
+
+
+def _looks_like_json(body: bytes) -> bool:
+    return body.lstrip()[:1] in (b"{", b"[")
 
 
 class CountingMiddleware:
