@@ -144,8 +144,25 @@ def help_for(name: str, field: FieldInfo) -> str:
     return text.replace("%", "%%")
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
+# What ``ask`` and ``chat`` show in their --help; the other settings they use (the
+# context's and the cache's tunables, about thirty) are listed by --help-all only, so
+# that the conversation's own options fit on a screen.
+EVERYDAY = ("model", "data_dir", "n_ctx", "n_gpu_layers", "no_cache")
+BRIEF = frozenset({"ask", "chat"})
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, command: str, show_all: bool = True) -> int:
+    """Adds the settings ``command`` uses as flags, grouped; returns how many of them
+    were left out of --help (``show_all`` False on a BRIEF command: all but EVERYDAY)."""
     names = [n for g in COMMANDS[command] for n in GROUPS[g]] + list(EXTRA.get(command, ()))
+    if not show_all and command in BRIEF:
+        group = parser.add_argument_group(f"the model and where data lives ({NOTE})")
+        for name in EVERYDAY:
+            _add(group, name, Settings.model_fields[name])
+        for name, field in Settings.model_fields.items():
+            if name not in EVERYDAY:
+                _add(parser, name, field, hidden=True)
+        return len([n for n in names if n not in EVERYDAY])
     for group_name in COMMANDS[command]:
         title = f"{TITLES[group_name]} ({NOTE})"
         group = parser.add_argument_group(title)
@@ -159,6 +176,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
     for name, field in Settings.model_fields.items():
         if name not in names:
             _add(parser, name, field, hidden=True)
+    return 0
 
 
 def _add(group: Any, name: str, field: FieldInfo, hidden: bool = False) -> None:

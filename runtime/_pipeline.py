@@ -384,4 +384,6 @@ class Job:
             cut = self.report.finish_reason == "cancelled"
             messages = (*messages, Message("assistant", self.reply, interrupted=cut))
         fingerprint = self.env.engine.fingerprint if leaf is not None else None
-        book.save(sid, messages, n_tokens, fingerprint, leaf)
+        # no id from the client: a derived one, kept out of the conversation list
+        anonymous = self.request.session_id is None
+        book.save(sid, messages, n_tokens, fingerprint, leaf, anonymous)

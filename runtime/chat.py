@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .sessions import new_session_id
-from .types import Event, Message, Request, Sampling, Token
+from .types import Event, Message, Request, Sampling, SessionInfo, Token
 
 HELP = (
     "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves; "
@@ -32,21 +32,31 @@ class ChatLoop:
         self.print_reply, self.read = print_reply, read
         self.session_id = session_id or new_session_id()
         self.messages: list[Message] = []
-        if session_id:
-            self._resume(session_id)
+        if session_id:  # exactly that one (as for ask): a new id names a new one
+            info = rt.session(session_id)
+            if info is None:
+                print(f"no conversation {session_id}; starting it", file=sys.stderr)
+            else:
+                self._resume(info)
 
-    def _resume(self, session_id: str) -> None:
-        info = self.rt.session(session_id)
-        if info is None:
-            print(f"no conversation {session_id}; starting it", file=sys.stderr)
-        else:
-            self.messages = list(info.messages)
-            print(
-                f"resumed {session_id}: {info.title} ({len(self.messages)} messages, "
-                f"cached: {info.location})",
-                file=sys.stderr,
-            )
-        self.session_id = session_id
+    def _find(self, wanted: str) -> tuple[SessionInfo | None, list[str]]:
+        """The conversation whose id is ``wanted`` or uniquely starts with it, else
+        (None, the ids that start with it: none, or several)."""
+        info = self.rt.session(wanted)
+        if info is not None:
+            return info, [info.id]
+        # anonymous ones too: their ids are only ever typed from `sessions list --all`
+        ids = [s.id for s in self.rt.sessions(anonymous=True) if s.id.startswith(wanted)]
+        found = self.rt.session(ids[0]) if len(ids) == 1 else None
+        return found, ids
+
+    def _resume(self, info: SessionInfo) -> None:
+        self.session_id, self.messages = info.id, list(info.messages)
+        print(
+            f"resumed {info.id}: {info.title} ({len(self.messages)} messages, "
+            f"cached: {info.location})",
+            file=sys.stderr,
+        )
 
     def run(self) -> int:
         print(f"conversation {self.session_id} ({HELP})", file=sys.stderr)
@@ -76,7 +86,12 @@ class ChatLoop:
             for s in self.rt.sessions():
                 print(f"{s.id}  {s.location:5s} {s.n_tokens:6d} tok  {s.title}")
         elif cmd == "/resume" and arg:
-            self._resume(arg.strip())
+            info, ids = self._find(arg.strip())
+            if info is None:  # an error: the conversation under way goes on
+                problem = _not_found(arg.strip(), ids)
+                print(f"{problem}; still in {self.session_id} (/list)", file=sys.stderr)
+            else:
+                self._resume(info)
         else:
             print(HELP, file=sys.stderr)
         return False
@@ -93,6 +108,13 @@ class ChatLoop:
         cut = report is not None and report.finish_reason == "cancelled"
         # Ctrl-C: the turn keeps what was shown, and the prompt comes back
         self.messages.append(Message("assistant", stream.shown(), interrupted=cut))
+
+
+def _not_found(wanted: str, ids: list[str]) -> str:
+    if not ids:
+        return f"no conversation {wanted}"
+    shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+    return f"{wanted!r} starts the ids of {len(ids)} conversations ({shown}); type more of one"
 
 
 class _Tee:

@@ -10,13 +10,15 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._flags import add_settings_flags
+from ._flags import BRIEF, add_settings_flags
 from ._private import restrict_umask
+from ._running import Running, introduction, remove_note, write_note
 from .errors import WarmstartError
 from .settings import Settings, load_settings
 
@@ -139,13 +141,14 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     from .remote import Server
 
     settings = settings_from(args)
-    server = Server.find(settings)
+    server = Server.find(settings, use_note=args.port is None)
     if server is None:
         return _sessions_offline(settings, args)
     try:
         if args.action == "list":
-            for s in server.sessions():
-                print(f"{s['id']}  {s['n_tokens']:6d} tok  {s['title']}")
+            for s in server.sessions(anonymous=args.all):
+                mark = "  (no session id)" if s.get("anonymous") else ""
+                print(f"{s['id']}  {s['n_tokens']:6d} tok  {s['title']}{mark}")
             return 0
         if args.action == "show":
             found = server.session(args.id)
@@ -170,8 +173,9 @@ def _sessions_offline(settings: Settings, args: argparse.Namespace) -> int:
     book = SessionBook(settings.data_dir / "sessions.db")
     try:
         if args.action == "list":
-            for row in book.list():
-                print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}")
+            for row in book.list(anonymous=args.all):
+                mark = "  (no session id)" if row.anonymous else ""
+                print(f"{row.id}  {row.n_tokens:6d} tok  {row.title}{mark}")
         elif args.action == "show":
             found = book.get(args.id)
             if found is None:
@@ -197,14 +201,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from .sessions import SessionBook
 
     settings = settings_from(args)
-    server = Server.find(settings)
+    server = Server.find(settings, use_note=args.port is None)
     if server is not None:
         try:
             if args.action == "clear":
                 server.clear_cache()
-                print("cache cleared (by the running server)")
+                print(f"cache cleared (by the server at {server.url})")
             else:
-                print(json.dumps(server.stats(), indent=2))
+                _print_stats(args, server.stats(), f"the server at {server.url}")
         finally:
             server.close()
         return 0
@@ -214,10 +218,18 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     book = SessionBook(settings.data_dir / "sessions.db")
     try:
-        print(json.dumps(offline.cache_stats(settings.effective_cache_dir, book), indent=2))
+        stats = offline.cache_stats(settings.effective_cache_dir, book)
     finally:
         book.close()
+    where = f"the files in {settings.effective_cache_dir}: no server answered"
+    _print_stats(args, stats, where)
     return 0
+
+
+def _print_stats(args: argparse.Namespace, stats: dict[str, Any], origin: str) -> None:
+    from ._stats_text import render_stats
+
+    print(json.dumps(stats, indent=2) if args.json else render_stats(stats, origin))
 
 
 def _clear_cache_dir(cache_dir: Path) -> None:
@@ -270,16 +282,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     sock = bind_listener(settings)  # a port in use is reported now, not after the load
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    running = Running(
+        pid=os.getpid(),
+        host=settings.host,
+        port=int(sock.getsockname()[1]),  # the one bound, when --port 0 asked for any
+        scheme="https" if settings.tls_cert else "http",
+        key_required=bool(settings.api_key),
+    )
+
+    def ready(model: str) -> None:
+        print(introduction(settings, running, model), file=sys.stderr, flush=True)
+        try:
+            write_note(settings.data_dir, running)
+        except OSError as exc:  # the server serves anyway; the CLI then needs --port
+            log.warning("cannot write the server note in %s: %s", settings.data_dir, exc)
+
     try:
         unix = bind_unix(settings.unix_socket)
         try:
             with _open_runtime(settings) as rt:
-                serve(settings, rt, sock=sock, opener=model_opener(settings, say), unix=unix)
+                opener = model_opener(settings, say)
+                serve(settings, rt, sock=sock, opener=opener, unix=unix, on_ready=ready)
         finally:
             if unix is not None:
                 unix.close()
     finally:
         sock.close()
+        remove_note(settings.data_dir, running.pid)
     return 0
 
 
@@ -309,7 +338,8 @@ def run_app(app_args: list[str]) -> int:
     if importlib.util.find_spec("PySide6") is None:
         print(
             "warmstart: the desktop app needs PySide6, which this installation lacks; "
-            "install it with: pip install 'warmstart[app]'",
+            # this interpreter's pip: the shell's own pip installs into another Python
+            f"install it with: {shlex.quote(sys.executable)} -m pip install 'warmstart[app]'",
             file=sys.stderr,
         )
         return 2
@@ -331,7 +361,9 @@ def _needs_id(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"sessions {args.action}: give the conversation's id")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(show_all: bool = False) -> argparse.ArgumentParser:
+    """``show_all``: ask's and chat's --help list every setting they accept (what
+    --help-all asks for), not only the everyday ones."""
     parser = argparse.ArgumentParser(
         prog="warmstart",
         description=("A local assistant that never prefills the same prefix twice."),
@@ -341,12 +373,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(
-        name: str, fn: Callable[[argparse.Namespace], int], help: str, settings: bool = True
+        name: str,
+        fn: Callable[[argparse.Namespace], int],
+        help: str,
+        settings: bool = True,
+        first: Callable[[argparse.ArgumentParser], None] | None = None,
     ) -> argparse.ArgumentParser:
+        """``first`` adds the command's own options, shown before the settings."""
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(fn=fn)
+        if first is not None:
+            first(p)
         if settings:
-            add_settings_flags(p, name)
+            hidden = add_settings_flags(p, name, show_all)
+            if name in BRIEF:
+                p.add_argument("--help-all", action="help", help="show every setting it takes")
+            if hidden:
+                p.epilog = (
+                    f"{hidden} more settings (the context, threads, the KV cache's "
+                    f"tunables): warmstart {name} --help-all"
+                )
         return p
 
     def sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -372,17 +418,25 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
     p = command(
-        "ask", cmd_ask, "ask one question and print the reply and where its prompt came from"
+        "ask",
+        cmd_ask,
+        "ask one question and print the reply and where its prompt came from",
+        first=sampling_flags,
     )
     p.add_argument("question")
-    sampling_flags(p)
-    sampling_flags(command("chat", cmd_chat, "chat interactively; conversations persist"))
+    command("chat", cmd_chat, "chat interactively; conversations persist", first=sampling_flags)
     p = command("sessions", cmd_sessions, "list, show or delete conversations")
     p.add_argument("action", choices=["list", "show", "delete"])
     p.add_argument("id", nargs="?", help="the conversation (show and delete)")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="list: also the conversations of API requests that named no session",
+    )
     p.set_defaults(check=lambda args, p=p: _needs_id(p, args))
     p = command("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
+    p.add_argument("--json", action="store_true", help="stats: the whole object, for scripts")
     p = command("models", cmd_models, "pull, list or remove models")
     p.add_argument("action", choices=["pull", "list", "rm"])
     p.add_argument("name", nargs="?", default="default")
@@ -399,9 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", cmd_doctor, "print the machine, its measurements and the thresholds chosen"
     )
     p.add_argument("--json", action="store_true")
-    # the app has options of its own (see `warmstart app -- --help`); it is a client of
-    # the HTTP API, so the runtime's settings reach it through the server it starts
-    p = command("app", cmd_app, "open the desktop app", settings=False)
+    # the app has options of its own (main() hands `warmstart app --help` to it); it is
+    # a client of the HTTP API, so the runtime's settings reach it through its server
+    p = command(
+        "app", cmd_app, "open the desktop app (options: warmstart app --help)", settings=False
+    )
     p.add_argument("app_args", nargs=argparse.REMAINDER, help="options for the app")
     return parser
 
@@ -409,9 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     restrict_umask()  # everything written from here on is the user's alone (0600/0700)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["app"] and argv[1:2] not in (["-h"], ["--help"]):
-        return run_app(argv[1:])  # every option after `app` is the app's own
-    parser = build_parser()
+    if argv[:1] == ["app"]:
+        return run_app(argv[1:])  # every option after `app` is the app's own, --help too
+    parser = build_parser(show_all="--help-all" in argv)
     args = parser.parse_args(argv)
     if getattr(args, "check", None) is not None:
         args.check(args)  # a usage error argparse cannot express: exits 2 like one

@@ -458,11 +458,13 @@ class LocalRuntime:
                 (common_prefix(r.tokens, tokens) for r in self.engine.residents), default=0
             )
         return SessionInfo(
-            row.id, row.title, row.created, row.updated, row.n_tokens, tiers, row.messages
+            *(row.id, row.title, row.created, row.updated, row.n_tokens, tiers),
+            *(row.messages, row.anonymous),
         )
 
-    def sessions(self, search: str = "") -> list[SessionInfo]:
-        return [self._info(row) for row in self.book.list(search=search)]
+    def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]:
+        rows = self.book.list(search=search, anonymous=anonymous)
+        return [self._info(row) for row in rows]
 
     def session(self, session_id: str) -> SessionInfo | None:
         row = self.book.get(session_id)

@@ -7,6 +7,7 @@ the CLI does the probing, the calibrating and the printing.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, TextIO
 
 from ._progress import Bar
@@ -27,6 +28,7 @@ def doctor_report(
     extra_buffers: ExtraBuffers | None = None,
     llama_build: dict[str, Any] | None = None,
     loader: LoaderChoice | None = None,
+    model: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The object ``doctor --json`` prints.
 
@@ -35,8 +37,9 @@ def doctor_report(
     lands in ``calibration["reused"]``; the extra-buffer choice (when known) in
     ``settings["extra_buffers"]`` (value ``"on"`` or ``"off"``); the loader's choices
     (mmap, pinned staging, offload) in ``settings["loader"]``; what the loaded
-    llama.cpp library says of itself in ``hardware["llama_cpp"]``. Everything in it
-    is JSON-serialisable.
+    llama.cpp library says of itself in ``hardware["llama_cpp"]``; the model (when
+    known: ``{"name", "path"}``, its name as the CLI and the API call it) in
+    ``model``. Everything in it is JSON-serialisable.
     """
     cal: dict[str, Any] | None = None
     if calibration is not None:
@@ -55,7 +58,8 @@ def doctor_report(
     hardware = profile.to_dict()
     if llama_build is not None:
         hardware["llama_cpp"] = llama_build
-    return {"hardware": hardware, "calibration": cal, "settings": settings}
+    report = {"hardware": hardware, "calibration": cal, "settings": settings}
+    return {"model": model, **report} if model is not None else report
 
 
 def _size(n: float) -> str:
@@ -107,13 +111,25 @@ def _hardware_lines(hw: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _calibration_lines(cal: dict[str, Any] | None) -> list[str]:
+def _model_lines(report: dict[str, Any]) -> list[str]:
+    """The model, and the extra-buffer choice as the fact it is (a smoke decode that
+    died here turned them off, and the model runs without them)."""
+    model = report.get("model")
+    lines = ["Model", f"  {model['name']}  {model['path']}"] if model else []
+    extra = report["settings"].get("extra_buffers")
+    if lines and extra is not None:
+        lines.append(f"  extra buffer types: {extra['value']} ({extra['reason']})")
+    return [*lines, ""] if lines else []
+
+
+def _calibration_lines(cal: dict[str, Any] | None, name: str = "model") -> list[str]:
     if cal is None:
         return ["  not measured (thresholds below use cautious estimates)"]
     reused = cal.get("reused")
     origin = "" if reused is None else ("reused from cache" if reused else "measured now")
     lines = [
-        f"  model {cal['fingerprint'][:16]}  {cal['seconds']:.1f} s  {origin}".rstrip(),
+        f"  {name} (fingerprint {cal['fingerprint'][:16]})  {cal['seconds']:.1f} s  "
+        f"{origin}".rstrip(),
         f"  prefill          {cal['prefill_tps']:.0f} tok/s "
         f"({cal['prefill_short_tokens']} tok in {cal['prefill_short_s']:.3f} s, "
         f"{cal['prefill_long_tokens']} in {cal['prefill_long_s']:.3f} s)",
@@ -138,13 +154,31 @@ def _calibration_lines(cal: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _settings_lines(settings: dict[str, dict[str, Any]]) -> list[str]:
+_REASON_COLUMN = 53  # where a setting's reason starts: after its name and value
+
+
+def _settings_lines(settings: dict[str, dict[str, Any]], width: int | None) -> list[str]:
     lines = []
     for name, entry in settings.items():
         value = entry["value"]
         shown = f"{value} ({_size(value)})" if name in _BYTES_SETTINGS else str(value)
-        lines.append(f"  {name:<25} {shown:<24} {entry['reason']}")
+        lines += _wrap(f"  {name:<25} {shown:<24} {entry['reason']}", width, _REASON_COLUMN)
     return lines
+
+
+def _wrap(line: str, width: int | None, indent: int) -> list[str]:
+    """``line`` cut at spaces to ``width`` columns, the rest indented by ``indent``
+    (less on a narrow terminal, so that 40 columns are left for the words)."""
+    if width is None or len(line) <= width:
+        return [line]
+    hang = " " * max(0, min(indent, width - 40))
+    return textwrap.wrap(  # the first line keeps its own indent
+        line,
+        width,
+        subsequent_indent=hang,
+        break_on_hyphens=False,
+        break_long_words=False,  # a path stays whole, on a line of its own
+    )
 
 
 def _cache_dir_lines(report: dict[str, Any]) -> list[str]:
@@ -156,23 +190,33 @@ def _cache_dir_lines(report: dict[str, Any]) -> list[str]:
     return [f"  cache dir: NOT USABLE, the cache runs from RAM only: {cache['problem']}"]
 
 
-def render_doctor(report: dict[str, Any]) -> str:
-    """The report from :func:`doctor_report` as text, one figure or threshold a line."""
-    parts = ["Hardware", *_hardware_lines(report["hardware"]), *_cache_dir_lines(report)]
-    parts += ["", "Calibration", *_calibration_lines(report["calibration"])]
-    parts += ["", "Settings", *_settings_lines(report["settings"])]
+def render_doctor(report: dict[str, Any], width: int | None = None) -> str:
+    """The report from :func:`doctor_report` as text, one figure or threshold a line;
+    with ``width``, a longer line goes on over the next ones, indented."""
+    name = (report.get("model") or {}).get("name", "model")
+    head = ["Hardware", *_hardware_lines(report["hardware"]), *_cache_dir_lines(report)]
+    head += ["", "Calibration", *_calibration_lines(report["calibration"], name), ""]
+    parts = [w for line in [*_model_lines(report), *head] for w in _wrap(line, width, 11)]
+    parts += ["Settings", *_settings_lines(report["settings"], width)]
     return "\n".join(parts) + "\n"
 
 
 class ProgressLine:
     """A calibration progress callback ``(what, done 0..1)``: a rich bar on a terminal,
-    log lines only when ``stream`` is not one (no carriage returns in logs)."""
+    log lines only when ``stream`` is not one (no carriage returns in logs). With
+    ``lines`` (doctor's), off a terminal each step is a plain line of ``stream``:
+    someone is waiting for that output, and a minute of silence looks like a hang."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, lines: bool = False) -> None:
         self._bar = Bar("calibrating", 1.0, stream)
         self._started = False
+        self._stream = stream if lines and not stream.isatty() else None
 
     def __call__(self, what: str, done: float) -> None:
+        if self._stream is not None:
+            print(f"calibrating: {what} ({min(max(done, 0.0), 1.0):.0%})", file=self._stream)
+            self._stream.flush()
+            return
         if not self._started:
             self._bar.__enter__()
             self._started = True

@@ -131,6 +131,7 @@ class _Entry:
     tier: str = "live"
     used: int = 0  # LRU clock value of the last use or promotion
     updated: float = 0.0
+    anonymous: bool = False  # no request named it (a derived id): not listed by default
 
 
 @dataclass
@@ -198,10 +199,11 @@ class FakeRuntime:
     def count_tokens(self, request: Request) -> int:
         return len(tokenize(render(request)))
 
-    def sessions(self, search: str = "") -> list[SessionInfo]:
+    def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]:
         needle = search.strip().casefold()
         with self._cond:
             entries = sorted(self._entries.values(), key=lambda e: e.updated, reverse=True)
+            entries = [e for e in entries if anonymous or not e.anonymous]
             if needle:
                 entries = [e for e in entries if _mentions(e, needle)]
             return [self._info(e) for e in entries]
@@ -380,7 +382,9 @@ class FakeRuntime:
 
     def _info(self, e: _Entry) -> SessionInfo:
         tiers = {t: (len(e.tokens) if e.tier == t else 0) for t in TIERS}
-        return SessionInfo(e.id, e.title, e.created, e.updated, len(e.tokens), tiers, e.messages)
+        return SessionInfo(
+            e.id, e.title, e.created, e.updated, len(e.tokens), tiers, e.messages, e.anonymous
+        )
 
     def _touch(self, entry: _Entry) -> None:
         self._clock += 1
@@ -516,8 +520,9 @@ class FakeRuntime:
             entry = self._entries.get(job.session_id)
             if entry is None:
                 title = (job.request.prompt or _first_user(job.request.messages))[:60]
-                entry = _Entry(job.session_id, title, now)
+                entry = _Entry(job.session_id, title, now, anonymous=True)
                 self._entries[job.session_id] = entry
+            entry.anonymous = entry.anonymous and job.request.session_id is None
             entry.tokens = tokenize(render(job.request) + reply)
             turn = tool_reply or Message("assistant", reply.strip())
             entry.messages = (*job.request.messages, turn)

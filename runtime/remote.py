@@ -1,6 +1,7 @@
 """The running server, seen from the command line: `cache` and `sessions` ask it when
-one answers on the configured host and port (so they show and change what it holds),
-and fall back to the files, without loading a model, when none does."""
+one answers (so they show and change what it holds): the one the data dir's note
+names, else the one on the configured host and port. They fall back to the files,
+without loading a model, when none does."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from urllib.parse import quote
 
 import httpx
 
+from ._running import local_host, read_note
 from .errors import ConfigError, WarmstartError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 0.5  # a server on this machine answers /health in milliseconds
-_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
 def session_path(session_id: str) -> str:
@@ -36,14 +37,27 @@ class Server:
         self._client = client
 
     @classmethod
-    def find(cls, settings: Settings) -> Server | None:
-        """The server of these settings when one answers /health now, else None."""
-        host = _ANY.get(settings.host, settings.host)
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    def find(cls, settings: Settings, use_note: bool = True) -> Server | None:
+        """The server that answers /health now, else None: with ``use_note`` (the
+        command was given no --port) first the one the data dir's note names (see
+        _running.py), whatever its port, then the one of these settings."""
         scheme = "https" if settings.tls_cert else "http"
+        places = [(scheme, settings.host, settings.port)]
+        note = read_note(settings.data_dir) if use_note else None
+        if note is not None and (note.scheme, note.host, note.port) != places[0]:
+            places.insert(0, (note.scheme, note.host, note.port))
+        for place in places:
+            found = cls._probe(settings, *place)
+            if found is not None:
+                return found
+        return None
+
+    @classmethod
+    def _probe(cls, settings: Settings, scheme: str, host: str, port: int) -> Server | None:
+        host = local_host(host)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         client = httpx.Client(
-            base_url=f"{scheme}://{host}:{settings.port}",
+            base_url=f"{scheme}://{host}:{port}",
             headers=headers,
             timeout=httpx.Timeout(30.0, connect=PROBE_TIMEOUT_S),
             verify=str(settings.tls_cert) if settings.tls_cert else True,
@@ -71,14 +85,18 @@ class Server:
             raise RemoteError(f"the server answered {response.status_code}: {response.text}")
         return response.json()
 
+    @property
+    def url(self) -> str:
+        return str(self._client.base_url).rstrip("/")
+
     def stats(self) -> dict[str, Any]:
         return dict(self._call("GET", "/stats"))
 
     def clear_cache(self) -> None:
         self._call("POST", "/cache/clear")
 
-    def sessions(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/sessions")["data"])
+    def sessions(self, anonymous: bool = False) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/sessions?all=1" if anonymous else "/sessions")["data"])
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         found = self._call("GET", session_path(session_id))

@@ -23,7 +23,9 @@ class Runtime(Protocol):
     - Requests for different conversations may be submitted from many threads; the
       runtime serves them fairly and raises Busy when ``max_queue`` are waiting.
     - ``sessions(search)`` lists known conversations, newest first, with per-tier
-      tokens; a ``search`` keeps those whose title or messages contain it.
+      tokens; a ``search`` keeps those whose title or messages contain it. Those of
+      requests that named no session (``session_id`` None: a derived id) are left
+      out unless ``anonymous``; ``session(id)`` finds them either way.
     - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
@@ -54,7 +56,7 @@ class Runtime(Protocol):
 
     def count_tokens(self, request: Request) -> int: ...
 
-    def sessions(self, search: str = "") -> list[SessionInfo]: ...
+    def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]: ...
 
     def session(self, session_id: str) -> SessionInfo | None: ...
 

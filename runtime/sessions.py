@@ -34,6 +34,15 @@ MIGRATIONS = [
         "fingerprint TEXT, leaf BLOB, messages TEXT NOT NULL DEFAULT '[]');"
         "CREATE INDEX sessions_by_updated ON sessions (updated)",
     ),
+    (
+        # Requests that name no conversation (plain OpenAI and Ollama clients, curl) get
+        # a derived id; they are kept for their cache but listed only on request, so
+        # the list stays the user's chats. Rows from before: a derived id is "c" and 12
+        # hex digits, which neither the CLI's nor the app's ids are.
+        "0002_anonymous",
+        "ALTER TABLE sessions ADD COLUMN anonymous INTEGER NOT NULL DEFAULT 0;"
+        f"UPDATE sessions SET anonymous = 1 WHERE id GLOB 'c{'[0-9a-f]' * 12}'",
+    ),
 ]
 
 
@@ -47,6 +56,7 @@ class SessionRow:
     fingerprint: str | None
     leaf: bytes | None
     messages: tuple[Message, ...]
+    anonymous: bool = False  # its requests named no conversation (a derived id)
 
 
 MAX_SESSION_ID = 256  # characters
@@ -178,21 +188,23 @@ class SessionBook:
 
     def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
         messages = tuple(_from_json(m) for m in json.loads(r[7]))
-        return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages)
+        return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages, bool(r[8]))
 
     def get(self, session_id: str) -> SessionRow | None:
         with self._lock:
             r = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return self._row(r) if r else None
 
-    def list(self, limit: int = 1000, search: str = "") -> list[SessionRow]:
+    def list(self, limit: int = 1000, search: str = "", anonymous: bool = True) -> list[SessionRow]:
         """Newest first; ``search`` keeps those whose title or messages contain it
-        (case-insensitive for ASCII letters, as SQLite's LIKE)."""
-        where, args = "", []
+        (case-insensitive for ASCII letters, as SQLite's LIKE); ``anonymous`` False
+        leaves out the conversations whose requests named none."""
+        where = " WHERE (anonymous = 0 OR ?)"
+        args: list[object] = [int(anonymous)]
         if search.strip():
-            where = " WHERE title LIKE ? ESCAPE '\\' OR messages LIKE ? ESCAPE '\\'"
+            where += " AND (title LIKE ? ESCAPE '\\' OR messages LIKE ? ESCAPE '\\')"
             # the messages are JSON text: the words are matched as JSON writes them
-            args = [_like(search.strip()), _like(json.dumps(search.strip())[1:-1])]
+            args += [_like(search.strip()), _like(json.dumps(search.strip())[1:-1])]
         with self._lock:
             rows = self._db.execute(
                 f"SELECT * FROM sessions{where} ORDER BY updated DESC LIMIT ?", (*args, limit)
@@ -210,8 +222,10 @@ class SessionBook:
         n_tokens: int,
         fingerprint: str | None,
         leaf: bytes | None,
+        anonymous: bool = False,
     ) -> None:
-        """Creates or updates a session; a None ``leaf`` keeps the one it had."""
+        """Creates or updates a session; a None ``leaf`` keeps the one it had. A turn
+        that names the session (``anonymous`` False) makes it a listed one for good."""
         now = time.time()
         if not self.keep_text:
             messages = ()
@@ -219,13 +233,17 @@ class SessionBook:
         with self._lock:
             self._db.execute(
                 "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
-                " messages) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                " messages, anonymous) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO "
+                "UPDATE SET anonymous=MIN(anonymous, excluded.anonymous), "
                 # an imported or empty conversation titles itself at its first turn
                 f"title=CASE WHEN title IN ('', '{DEFAULT_TITLE}') THEN excluded.title "
                 "ELSE title END, updated=excluded.updated, n_tokens=excluded.n_tokens, "
                 "fingerprint=COALESCE(excluded.fingerprint, fingerprint), "
                 "leaf=COALESCE(excluded.leaf, leaf), messages=excluded.messages",
-                (session_id, self._title(messages), now, now, n_tokens, fingerprint, leaf, payload),
+                (
+                    *(session_id, self._title(messages), now, now, n_tokens, fingerprint),
+                    *(leaf, payload, int(anonymous)),
+                ),
             )
 
     def _title(self, messages: tuple[Message, ...]) -> str:

@@ -202,6 +202,7 @@ class SessionInfo:
     n_tokens: int
     tiers: dict[str, int]  # tokens of this conversation's cached prefix per tier
     messages: tuple[Message, ...] = ()
+    anonymous: bool = False  # its requests named no conversation: not listed by default
 
     @property
     def location(self) -> str:

@@ -59,7 +59,8 @@ def cli(tmp_path_factory: pytest.TempPathFactory, model_path: Path):  # type: ig
 
 def test_doctor_json_has_every_threshold_with_a_reason(cli) -> None:  # type: ignore[no-untyped-def]
     report = json.loads(cli("doctor", "--json").stdout)
-    assert set(report) == {"hardware", "calibration", "settings"}
+    assert set(report) == {"model", "hardware", "calibration", "settings"}
+    assert report["model"]["name"] == "smollm2-135m"  # its name, not only a hash
     for name in (
         "swap_in_threshold_tokens",
         "ram_pool_bytes",
@@ -79,6 +80,26 @@ def test_doctor_json_has_every_threshold_with_a_reason(cli) -> None:  # type: ig
     assert report["hardware"]["llama_cpp"]["backends"]
     again = json.loads(cli("doctor", "--json").stdout)
     assert again["calibration"]["reused"] is True  # a second start measures nothing
+
+
+def test_doctor_text_names_the_model_fits_100_columns_and_talks_at_once(cli) -> None:  # type: ignore[no-untyped-def]
+    """Off a terminal (here: pipes) doctor says at once what it does, then each step of
+    the calibration, and its report fits 100 columns; the extra-buffer choice is a fact
+    of the model's, never a WARNING."""
+    proc = cli("doctor", "--recalibrate")
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("warmstart doctor: loading"), proc.stderr
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("calibrating: ")]
+    assert len({line.split(" (")[0] for line in steps}) >= 6, proc.stderr
+    assert any("prefill: " in line and "tokens" in line for line in steps)  # inside the first
+    assert "WARNING" not in proc.stderr and "\r" not in proc.stderr
+    out = proc.stdout.splitlines()
+    model = out.index("Model")
+    assert out[model + 1].split()[0] == "smollm2-135m"
+    assert out[model + 2].startswith("  extra buffer types: o")
+    for line in out:  # a longer line is one unbreakable word (a path)
+        assert len(line) <= 100 or max(len(w) for w in line.split()) > 40, line
+    assert max(len(line) for line in out) > 60  # the lines were not cut to nothing
 
 
 def test_ask_twice_reports_the_cache_and_no_cache_does_not(cli) -> None:  # type: ignore[no-untyped-def]
@@ -105,10 +126,13 @@ def test_chat_persists_and_resumes(cli) -> None:  # type: ignore[no-untyped-def]
 
 def test_cache_stats_clear_and_models_list(cli) -> None:  # type: ignore[no-untyped-def]
     cli("ask", "Say hello.", "--max-tokens", "4")
-    stats = json.loads(cli("cache", "stats").stdout)
+    stats = json.loads(cli("cache", "stats", "--json").stdout)
     assert stats["tiers"]["disk"]["tokens"] > 0
+    table = cli("cache", "stats").stdout  # for people: a table, the same figures
+    disk = next(line for line in table.splitlines() if line.strip().startswith("disk"))
+    assert f"{stats['tiers']['disk']['tokens']:,}" in disk
     assert "cache cleared" in cli("cache", "clear").stdout
-    assert json.loads(cli("cache", "stats").stdout)["tiers"]["disk"]["tokens"] == 0
+    assert json.loads(cli("cache", "stats", "--json").stdout)["tiers"]["disk"]["tokens"] == 0
 
 
 def test_bad_setting_is_a_clear_error(cli) -> None:  # type: ignore[no-untyped-def]

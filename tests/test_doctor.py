@@ -7,6 +7,7 @@ import json
 
 import pytest
 from warmstart.runtime.doctor import ProgressLine, doctor_report, render_doctor
+from warmstart.runtime.engine._smoke import ExtraBuffers
 from warmstart.runtime.hardware import HardwareProfile
 from warmstart.runtime.policy import choose
 from warmstart.runtime.settings import load_settings
@@ -88,3 +89,41 @@ def test_the_memory_floor_line_says_its_size_and_why() -> None:
     assert "GiB)" in line and "gives their pages back" in line
     h100 = render_doctor(_report(MACHINES["h100"], True))
     assert "pinned pages can be neither swapped nor given back" in h100
+
+
+def test_progress_lines_for_doctor_off_a_terminal() -> None:
+    """doctor's progress off a terminal: a plain line a step (no carriage return), so a
+    pipe or a file shows it is working; on a terminal the bar as before."""
+    piped = io.StringIO()
+    progress = ProgressLine(piped, lines=True)
+    progress("prefill: 64 tokens", 0.1)
+    progress("done", 1.0)
+    assert piped.getvalue() == "calibrating: prefill: 64 tokens (10%)\ncalibrating: done (100%)\n"
+    term = _Terminal()
+    ProgressLine(term, lines=True)("prefill", 0.0)
+    assert "calibrating: prefill (0%)\n" not in term.getvalue()
+
+
+@pytest.mark.parametrize("width", [100, 60])
+def test_text_names_the_model_and_wraps_to_the_width(width: int) -> None:
+    profile = MACHINES["laptop"]
+    cal = calibration_for(profile)
+    tuning = choose(profile, cal, LLAMA_8B, load_settings())
+    report = doctor_report(
+        profile,
+        cal,
+        tuning,
+        extra_buffers=ExtraBuffers(False, "a smoke decode died by SIGSEGV here"),
+        model={"name": "smollm2-135m", "path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf"},
+    )
+    text = render_doctor(report, width)
+    lines = text.splitlines()
+    assert lines[:2] == ["Model", "  smollm2-135m  /m/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert lines[2].startswith("  extra buffer types: off (a smoke decode died by")
+    assert "smollm2-135m (fingerprint" in text
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    words = " ".join(text.split())
+    for entry in report["settings"].values():  # every reason whole, only cut at spaces
+        assert " ".join(entry["reason"].split()) in words
+    unwrapped = render_doctor(report)
+    assert max(len(line) for line in unwrapped.splitlines()) > 100  # what it was

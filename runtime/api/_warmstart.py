@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from ..service import Runtime
 from ..sessions import SESSION_ID_RULE, session_id_problem
@@ -45,6 +45,7 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
         "cached_tokens": cached_tokens(info.tiers),
         "tiers": info.tiers,
         "location": info.location,
+        "anonymous": info.anonymous,
     }
     if messages:
         body["messages"] = [
@@ -76,12 +77,15 @@ def build_router() -> APIRouter:
 
     @router.get("/sessions")
     def list_sessions(
-        request: Request, q: Annotated[str, Query(max_length=200)] = ""
+        request: Request,
+        q: Annotated[str, Query(max_length=200)] = "",
+        everything: Annotated[bool, Query(alias="all")] = False,
     ) -> dict[str, Any]:
         """Known conversations, newest first, with their cached tokens per tier; ``q``
-        keeps those whose title or messages contain it."""
+        keeps those whose title or messages contain it. Those of requests that named no
+        session (neither X-Warmstart-Session nor ``user``) are listed with ``all=1``."""
         with state(request).using() as runtime:
-            infos = runtime.sessions(q)
+            infos = runtime.sessions(q, anonymous=everything)
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id:path}", responses=ERRORS)
@@ -172,6 +176,12 @@ def build_router() -> APIRouter:
 
 def build_service_router() -> APIRouter:
     router = APIRouter(tags=["service"])
+
+    @router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    def root() -> str:
+        """A short status, open like /health: front ends made for Ollama probe ``/``
+        (which answers "Ollama is running") before they use the API."""
+        return "warmstart is running"
 
     @router.get("/health")
     def health(request: Request) -> dict[str, Any]:

@@ -158,14 +158,19 @@ def _prefill_lengths(profile: HardwareProfile) -> tuple[int, int]:
 
 
 def _measure_prefill(
-    target: CalibrationTarget, profile: HardwareProfile
+    target: CalibrationTarget, profile: HardwareProfile, say: Progress
 ) -> tuple[int, float, int, float]:
+    """The first of calibrate()'s steps, and its longest: it reports each of its runs
+    (0 to 0.45), so that a bar moves on a slow machine."""
     short, long = _prefill_lengths(profile)
+    say("prefill: warm-up (a context, the first decode)", 0.02)
     target.time_prefill(8)  # warm-up: first decode allocates buffers and loads weights
+    say(f"prefill: {short} tokens", 0.1)
     short_s = target.time_prefill(short)
     # Keep the long run inside its budget on a slow machine.
     affordable = int(short / max(short_s, 1e-9) * _PREFILL_BUDGET_S)
     long = max(2 * short, min(long, affordable))
+    say(f"prefill: {long} tokens", 0.2)
     return short, short_s, long, target.time_prefill(long)
 
 
@@ -200,7 +205,7 @@ def calibrate(
     say = progress or (lambda _what, _done: None)
     started = time.perf_counter()
     say("prefill", 0.0)
-    short, short_s, long, long_s = _measure_prefill(target, profile)
+    short, short_s, long, long_s = _measure_prefill(target, profile, say)
     say("KV state get/set", 0.45)
     blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
     say("batch invariance", 0.6)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.types import Message
 
 from .conftest import free_port
 
@@ -41,7 +43,7 @@ def test_cache_stats_reports_the_running_servers_counters(start: Any, tmp_path: 
         port = int(srv.base_url.rsplit(":", 1)[1])
         for i in range(3):
             _chat(srv, key, f"s{i}")
-        proc = _cli(tmp_path, port, "cache", "stats", key=key)
+        proc = _cli(tmp_path, port, "cache", "stats", "--json", key=key)
         assert proc.returncode == 0, proc.stderr
         stats = json.loads(proc.stdout)
         assert stats["requests"] == 3  # the server's counters, not a fresh process's
@@ -57,9 +59,19 @@ def test_cache_stats_reports_the_running_servers_counters(start: Any, tmp_path: 
 
 def test_without_a_server_they_use_the_files_and_load_no_model(tmp_path: Path) -> None:
     port = free_port()
-    stats = _cli(tmp_path, port, "cache", "stats")
+    stats = _cli(tmp_path, port, "cache", "stats", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["tiers"]["disk"]["tokens"] == 0
+    table = _cli(tmp_path, port, "cache", "stats")
+    assert "KV cache (the files in" in table.stdout and "no server answered" in table.stdout
     assert _cli(tmp_path, port, "sessions", "list").returncode == 0
+    book = SessionBook(tmp_path / "sessions.db")
+    book.save("c0123456789ab", (Message("user", "Hi"),), 3, None, None, anonymous=True)
+    book.save("my-chat", (Message("user", "Plan a trip"),), 4, None, None)
+    book.close()
+    listed = _cli(tmp_path, port, "sessions", "list").stdout
+    assert "my-chat" in listed and "c0123456789ab" not in listed
+    every = _cli(tmp_path, port, "sessions", "list", "--all").stdout
+    assert "c0123456789ab" in every and "(no session id)" in every
     gone = _cli(tmp_path, port, "sessions", "delete", "nope")
     assert gone.returncode == 1 and "no session nope" in gone.stdout

@@ -4,6 +4,7 @@ off (with the reason recorded), the verdict is cached, and the runtime still ans
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import stat
 import sys
@@ -152,11 +153,14 @@ def test_runtime_answers_without_extra_buffers_when_the_child_dies(
 
     settings = small_settings(tmp_path / "fresh", model_path)
     (tmp_path / "fresh" / "extra_buffers.json").unlink(missing_ok=True)  # decide afresh
+    caplog.set_level(logging.INFO)  # a fact, said at INFO: not a warning (issue 22)
     loaded = load_model(settings, smoke=lambda _m: _dies_by(signal.SIGILL))
     assert loaded.extra_buffers.enabled is False
     assert loaded.model.extra_buffers is False  # what llama.cpp was actually given
     assert "died by SIGILL" in loaded.extra_buffers.reason
-    assert "extra buffer types off" in caplog.text
+    assert "extra buffer types: off (a smoke decode" in caplog.text
+    said = [r for r in caplog.records if "extra buffer types" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said)
     with LocalRuntime(settings, loaded) as rt:
         text, report = rt.generate(chat("What colour is the sky? One word.", max_tokens=8)).text()
     assert text.strip() and report.completion_tokens > 0

@@ -92,6 +92,24 @@ def test_calibrate_measures_everything(
     assert list(tmp_path.iterdir()) == []  # the disk test file is gone
 
 
+def test_each_prefill_run_is_announced_before_it_runs(tmp_path: Path) -> None:
+    """The prefill step is the longest (47 s on a busy box, the bar sat at 0%): each
+    of its runs moves the bar before it starts."""
+    target = FakeTarget()
+    events: list[Any] = target.calls  # the target's calls and the progress, in order
+    calibrate(target, LAPTOP, tmp_path, progress=lambda what, done: events.append((what, done)))
+    prefill = [e for e in events if e[0] == "prefill" or str(e[0]).startswith("prefill:")]
+    assert prefill == [
+        ("prefill", 0.0),
+        ("prefill: warm-up (a context, the first decode)", 0.02),
+        ("prefill", 8),
+        ("prefill: 64 tokens", 0.1),
+        ("prefill", 64),
+        ("prefill: 256 tokens", 0.2),
+        ("prefill", 256),
+    ]
+
+
 def test_a_slow_model_gets_a_shorter_long_prefill(tmp_path: Path) -> None:
     cal = calibrate(FakeTarget(tps=20.0), LAPTOP, tmp_path)
     assert cal.prefill_long_tokens == 128  # 3 s budget at 20 tok/s, but twice the short run
