@@ -41,7 +41,7 @@ REFUSED = [
     ({"enum": list(range(100000))}, "schema.enum has 100000 entries; at most 256"),
     ({"anyOf": [{"type": "string"}] * 257}, "schema.anyOf has 257 entries"),
     (
-        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{0,300}b{3,300}$"}}},
+        {"properties": {"a": {"type": "string", "pattern": "^a{0,300}b{3,300}$"}}},
         "schema.properties.a.pattern repeats 600 times",
     ),
     ({"type": "string", "pattern": "^" + "a" * 1001 + "$"}, "schema.pattern is 1003 characters"),

@@ -19,6 +19,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, ModelError
+from . import _native_log
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +41,13 @@ _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYP
 _DECODE_NO_SLOT = 1
 
 
-def _silence_llama_logs() -> None:
-    """llama.cpp logs every load to stderr; route only its warnings and errors to logging."""
-
-    @ll.llama_log_callback
-    def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level >= 3:  # GGML_LOG_LEVEL_WARN and above
-            log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
-
-    # keep a reference: ctypes callbacks die with their Python object
-    _silence_llama_logs.callback = _callback  # type: ignore[attr-defined]
-    ll.llama_log_set(_callback, ctypes.c_void_p(0))
-
-
 class LlamaModel:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: Path, n_gpu_layers: int = -1, *, extra_buffers: bool = False) -> None:
         """``extra_buffers``: llama.cpp's extra buffer types (weight repacking, AMX); off
         unless engine._smoke found them safe here (on AMX CPUs they can die by SIGILL)."""
-        _silence_llama_logs()
+        _native_log.install()  # before llama.cpp says anything
         ll.llama_backend_init()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 10**6 if n_gpu_layers < 0 else n_gpu_layers
