@@ -91,8 +91,18 @@ class TextPart(_Body):
 
 
 def _plain_json(value: Any) -> Any:
-    """JSON a client sent inside a field, checked like every string (see Text)."""
-    _valid_unicode(json.dumps(value, ensure_ascii=False))
+    """JSON a client sent inside a field (a schema, options), every string and key in
+    it checked like any Text. A loop, not json.dumps: as deep as the body parser
+    allows must not be a RecursionError (a 500) here."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            _valid_unicode(item)
+        elif isinstance(item, dict):
+            pending += [*item, *item.values()]
+        elif isinstance(item, list):
+            pending += item
     return value
 
 
@@ -220,7 +230,7 @@ class JSONObjectFormat(_Body):
 class JSONSchemaSpec(_Body):
     name: Text = Field(..., min_length=1, max_length=64)
     description: Text | None = None
-    schema_: dict[str, Any] = Field(
+    schema_: JSONObject = Field(
         default_factory=dict, alias="schema", description="a JSON schema; {} is any JSON"
     )
     # the grammar holds every reply to the schema, strict or not
