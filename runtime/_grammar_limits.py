@@ -7,11 +7,11 @@ llama-cpp-python 0.3.36 and SmolLM2-135M on 2 cores:
 
 - nesting: a segfault from about 4,500 levels on a 2 MiB thread stack (the default
   where ``ulimit -s`` is unlimited) and 19,000 on 8 MiB; a group holding more than
-  2,000 rules is refused (maxLength 1,010 and up), after the whole grammar is
+  2,000 rules is refused (maxLength 1,001 and up), after the whole grammar is
   printed to stderr;
 - alternatives: every alternative alive at a token (enum values, anyOf) costs about
-  1.3 ms of the one worker thread per sampled token (an enum of 1,000 values: 1.5 s
-  for the first token; 100,000: minutes);
+  1 ms of the one worker thread per sampled token (an enum of 512 values: 0.7 s for
+  the first token, of 1,000: 1.3 to 1.5 s; of 100,000: minutes);
 - size: parsing is cheap (a 100 kB grammar in 2.5 ms).
 
 So every schema is measured here before it is converted (``schema_problem``: its
@@ -34,12 +34,12 @@ from typing import Any
 # rules (half of llama.cpp's 2,000) and nesting at a ninth of the 2 MiB-stack crash.
 MAX_REPEAT = 500
 # values in one enum, entries in one anyOf/oneOf/type list: each is a grammar
-# alternative, about 1.3 ms per sampled token here while alive (0.35 s at 256)
+# alternative, about 1 ms of sampling per token here while alive (0.15-0.25 s at 256)
 MAX_ENUM = 256
 MAX_ALTERNATIVES = 256
 # all the alternatives of a schema (enum values, anyOf/oneOf/type entries and the
 # "|" of patterns, $refs followed): bounds the alternatives alive at once however
-# they nest, so a token costs at most about 0.7 s of sampling here
+# they nest, so a token costs at most about 0.7 s of sampling here (measured at 512)
 MAX_CHOICES = 512
 # subschemas, $refs followed (a $ref reused everywhere counts every time): bounds the
 # converter's work and the grammar's rules; OpenAI allows 5,000 properties in all
