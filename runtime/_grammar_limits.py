@@ -12,7 +12,8 @@ llama-cpp-python 0.3.36 and SmolLM2-135M on 2 cores:
 - alternatives: every alternative alive at a token (enum values, anyOf) costs about
   1 ms of the one worker thread per sampled token (an enum of 512 values: 0.7 s for
   the first token, of 1,000: 1.3 to 1.5 s; of 100,000: minutes);
-- size: parsing is cheap (a 100 kB grammar in 2.5 ms).
+- size: parsing grows with it (a 100 kB grammar: 2.5 ms; 1 MB of 31,000 rules:
+  0.65 s on 2 loaded cores).
 
 So every schema is measured here before it is converted (``schema_problem``: its
 keywords, with ``$ref`` followed), and every grammar before llama.cpp parses it
@@ -24,6 +25,7 @@ bounded amount. Pure: no llama.cpp here.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,9 +53,10 @@ MAX_PROPERTIES = 256
 MAX_DEPTH = 32
 # a pattern's length (each character can become a rule)
 MAX_PATTERN_CHARS = 1000
-# the grammar text: far above any schema within the other limits (128 tools of
-# ordinary size make about 200 kB), cheap to parse (about 25 ms at this size here)
-MAX_GRAMMAR_BYTES = 1 << 20
+# the grammar text: above what ordinary schemas make (128 tools of 10 properties each:
+# 200 kB), and llama.cpp parses it twice per request, once on the worker thread (a
+# 1 MB grammar of 31,000 rules: 0.65 s each time on 2 loaded cores)
+MAX_GRAMMAR_BYTES = 512 << 10
 # nested groups in the grammar: the parser's recursion, a fifth of the 2 MiB-stack crash
 MAX_GRAMMAR_NESTING = 1000
 # llama.cpp's MAX_REPETITION_THRESHOLD (src/llama-grammar.cpp): the parser refuses a
@@ -237,19 +240,24 @@ def _pattern_choices(pattern: str, where: str) -> int:
 
 # the grammar text ----------------------------------------------------------------------
 
-_GBNF = re.compile(
-    r"""(?P<space>[ \t\r\n]+|\#[^\n]*)
-    |(?P<lit>"(?:\\.|[^"\\])*")
-    |(?P<cls>\[(?:\\.|[^\]\\])*\])
-    |(?P<head>[A-Za-z0-9_-]+[ \t]*::=)
-    |(?P<name>[A-Za-z0-9_-]+)
-    |(?P<token>!?<[^>\n]*>)
-    |(?P<rep>[*+?]|\{[ \t]*\d+[ \t]*(?:,[ \t]*\d*[ \t]*)?\})
-    |(?P<op>[()|.])""",
+# GBNF's tokens, as llama_grammar_parser reads them; the last alternative, any other
+# character, is one it cannot read. findall, then one loop: about half the time the
+# converter took to write the grammar (750 kB: 0.4 s against 0.8 s, 2 loaded cores).
+_GBNF_TOKEN = re.compile(
+    r"""[ \t\r\n]+|\#[^\n]*
+    |"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]
+    |[A-Za-z0-9_-]+(?:[ \t]*::=)?
+    |!?<[^>\n]*>
+    |\{[ \t]*\d+[ \t]*(?:,[ \t]*\d*[ \t]*)?\}
+    |[][*+?()|."{}<!\\]|.""",
     re.VERBOSE,
 )
+_SKIP = frozenset(" \t\r\n#")
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_REPETITION = frozenset("*+?{")
 
 
+@functools.lru_cache(maxsize=16)  # a grammar is checked where it is made and where it is used
 def grammar_problem(grammar: str) -> str | None:
     """What in a GBNF grammar llama.cpp's parser would refuse (printing the whole
     grammar to stderr) or crash on, counted the way it counts; None if nothing."""
@@ -257,98 +265,90 @@ def grammar_problem(grammar: str) -> str | None:
     if size > MAX_GRAMMAR_BYTES:
         return f"the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES}"
     try:
-        _Parse().run(grammar)
+        _parse(_GBNF_TOKEN.findall(grammar))
     except _Over as over:
         return f"the grammar {over}"
     return None
 
 
-class _Parse:
+def _parse(tokens: list[str]) -> None:
     """llama_grammar_parser's bookkeeping without its output: the symbols it creates
-    (rule names, one per group, one per optional repetition), each group's share of
-    them, and how deep groups nest."""
-
-    def __init__(self) -> None:
-        self.symbols = 0
-        self.names: set[str] = set()
-        # per open group: [symbols before it, rules of the last item, is there one]
-        self.frames: list[list[int]] = []
-
-    def run(self, grammar: str) -> None:
-        at = 0
-        while at < len(grammar):
-            match = _GBNF.match(grammar, at)
-            if match is None:
-                raise _Over("", f"cannot be read at character {at}")
-            at = match.end()
-            kind = match.lastgroup or ""
-            if kind != "space":
-                self.step(kind, match.group())
-        if len(self.frames) > 1:
-            raise _Over("", "has an unclosed group")
-
-    def step(self, kind: str, text: str) -> None:
-        if kind == "head":
-            if len(self.frames) > 1:
-                raise _Over("", "has an unclosed group")
-            self._name(text[:-3].strip())
-            self.frames = [[0, 1, 0]]
-            return
-        if not self.frames:
-            raise _Over("", "does not start with a rule")
-        frame = self.frames[-1]
-        if kind == "rep":
-            self._repeat(frame, text)
-        elif text == "(":
-            if len(self.frames) > MAX_GRAMMAR_NESTING:
+    (a rule name when first seen, one per group, one per optional repetition), the
+    share of them in each group (what its repetition check multiplies), and how deep
+    groups nest. ``rules``: of the last item; ``item``: is there one to repeat."""
+    names: set[str] = set()
+    defined: set[str] = set()
+    symbols = 0
+    opened: list[int] = []  # the symbols before each open group
+    rules, item = 1, False
+    for token in tokens:
+        first = token[0]
+        if first in _SKIP:
+            continue
+        if first in _REPETITION and token != "{":
+            rules, item, created = _repeat(rules, item, token)
+            symbols += created
+        elif first == "(":
+            if len(opened) >= MAX_GRAMMAR_NESTING:
                 limit = MAX_GRAMMAR_NESTING
                 raise _Over("", f"nests groups more than {limit} deep; at most {limit}")
-            self.frames.append([self.symbols, 1, 0])
-            self.symbols += 1
-        elif text == ")":
-            if len(self.frames) < 2:
+            opened.append(symbols)
+            symbols += 1
+            rules, item = 1, False
+        elif first == ")":
+            if not opened:
                 raise _Over("", "closes a group it never opened")
-            before = self.frames.pop()[0]
-            self.frames[-1][1:] = [max(1, self.symbols - before), 1]
-        elif text == "|":
-            frame[1:] = [1, 0]
+            rules, item = max(1, symbols - opened.pop()), True
+        elif first == "|":
+            rules, item = 1, False
+        elif first == '"' or first == "[":
+            if len(token) < 2:
+                raise _Over("", f"has an unterminated {token!r}")
+            rules, item = 1, len(token) > 2  # an empty one is no item to repeat
+        elif first in _WORD:  # a rule's name, where it is defined or used
+            head = token.endswith("::=")
+            if head and opened:
+                raise _Over("", "has an unclosed group")
+            rules, item = 1, not head
+            name = token.removesuffix("::=").rstrip(" \t")
+            if name not in names:
+                names.add(name)
+                symbols += 1
+            if head:
+                defined.add(name)
+        elif first == "." or (first in "<!" and token.endswith(">")):  # any char, a token
+            rules, item = 1, True
         else:
-            if kind == "name":
-                self._name(text)
-            # an empty literal or class is no item: a repetition after it is refused
-            frame[1:] = [1, int(text not in ('""', "[]"))]
-
-    def _name(self, name: str) -> None:
-        if name not in self.names:
-            self.names.add(name)
-            self.symbols += 1
-
-    def _repeat(self, frame: list[int], text: str) -> None:
-        """handle_repetitions: the checks it makes and the rules it creates."""
-        if not frame[2]:
-            raise _Over("", f"repeats nothing ({text!r})")
-        low, high = _bounds(text)
-        limit = LLAMA_REPETITION_THRESHOLD
-        if low > limit:
-            raise _Over("", f"repeats at least {low} times; llama.cpp takes at most {limit}")
-        if high is not None and high > limit:
-            high = None  # llama.cpp's own reading: no upper bound
-        total = high if high else (low or 1)
-        rules = frame[1] * total
-        if rules > limit:
-            what = f"repeats a group of {frame[1]} rules {total} times; llama.cpp takes {limit}"
-            raise _Over("", what)
-        created = 1 if high is None else high - low
-        self.symbols += created
-        frame[1] = rules
-        frame[2] = int(created > 0 or low > 0)
+            raise _Over("", f"has a character it cannot read ({token!r})")
+    if opened:
+        raise _Over("", "has an unclosed group")
+    if undefined := names - defined:
+        raise _Over("", f"uses a rule it does not define ({min(undefined)})")
 
 
-def _bounds(text: str) -> tuple[int, int | None]:
+def _repeat(rules: int, item: bool, token: str) -> tuple[int, bool, int]:
+    """handle_repetitions: its checks, and (rules of the item now, is there an item,
+    symbols created)."""
+    if not item:
+        raise _Over("", f"repeats nothing ({token!r})")
+    low, high = _bounds(token)
+    limit = LLAMA_REPETITION_THRESHOLD
+    if low > limit:
+        raise _Over("", f"repeats at least {low} times; llama.cpp takes at most {limit}")
+    if high is not None and high > limit:
+        high = None  # llama.cpp's own reading: no upper bound
+    total = high if high else (low or 1)
+    if rules * total > limit:
+        raise _Over("", f"repeats a group of {rules} rules {total} times; llama.cpp takes {limit}")
+    created = 1 if high is None else high - low
+    return rules * total, created > 0 or low > 0, created
+
+
+def _bounds(token: str) -> tuple[int, int | None]:
     """(min, max or None) of a repetition operator."""
-    if text in ("*", "+", "?"):
-        return {"*": (0, None), "+": (1, None), "?": (0, 1)}[text]
-    low, comma, high = text[1:-1].replace(" ", "").replace("\t", "").partition(",")
+    if token in ("*", "+", "?"):
+        return {"*": (0, None), "+": (1, None), "?": (0, 1)}[token]
+    low, comma, high = token[1:-1].replace(" ", "").replace("\t", "").partition(",")
     if not comma:
         return int(low), int(low)
     return int(low), int(high) if high else None

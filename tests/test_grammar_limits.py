@@ -120,7 +120,8 @@ def test_a_grammar_too_large_is_refused_after_conversion() -> None:
         ('root ::= ("a" ("b")?){1000}', "repeats a group of 3 rules 1000 times"),
         ('root ::= ""?', "repeats nothing"),
         ('root ::= ("a"', "unclosed group"),
-        ("root ::= @", "cannot be read at character 9"),
+        ('root ::= "a" b', "uses a rule it does not define (b)"),
+        ("root ::= @", "a character it cannot read ('@')"),
     ],
 )
 def test_what_llama_cpp_would_refuse_or_crash_on_is_named(grammar: str, says: str) -> None:
