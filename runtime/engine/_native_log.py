@@ -91,19 +91,30 @@ class NativeLog:
         self.logger.log(self._level, "%s%s", line, more)
 
 
-@functools.cache
+# llama.cpp holds one callback for the whole process: it is set once, under this lock
+# (two threads setting it at once could leave llama.cpp with one nobody keeps alive)
+_INSTALLING = threading.Lock()
+
+
 def install() -> NativeLog:
     """Routes llama.cpp's log (this process's, once) through a NativeLog on the
     ``llama.cpp`` logger. ctypes callbacks take the GIL themselves, so llama.cpp's
-    threads may call it; the callback object lives in this cache for good (llama.cpp
+    threads may call it; the callback object lives in a cache for good (llama.cpp
     keeps only its address)."""
+    with _INSTALLING:
+        return _install()
+
+
+@functools.cache
+def _install() -> NativeLog:
     import llama_cpp.llama_cpp as ll
 
     native = NativeLog(logging.getLogger("llama.cpp"))
 
     @ll.llama_log_callback
     def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        native.write(level, text.decode("utf-8", "replace"))
+        if text:  # NULL arrives as None
+            native.write(level, text.decode("utf-8", "replace"))
 
     native.callback = _callback  # type: ignore[attr-defined]
     ll.llama_log_set(_callback, ctypes.c_void_p(0))
