@@ -51,6 +51,8 @@ MAX_NODES = 2000
 MAX_PROPERTIES = 256
 # nested subschemas ($refs followed); OpenAI allows 10 levels
 MAX_DEPTH = 32
+# JSON nesting anywhere in a schema (a subschema level is one or two JSON levels)
+MAX_JSON_DEPTH = 100
 # a pattern's length (each character can become a rule)
 MAX_PATTERN_CHARS = 1000
 # the grammar text: above what ordinary schemas make (128 tools of 10 properties each:
@@ -116,10 +118,27 @@ class _Cost:
 def schema_problem(schema: dict[str, Any], where: str = "schema") -> str | None:
     """What in ``schema`` is past a limit, as "<path> ...; at most N", else None."""
     try:
+        _check_json_depth(schema, where)
         _Walk(schema, where).visit(schema, where, 0)
     except _Over as over:
         return str(over)
     return None
+
+
+def _check_json_depth(value: object, where: str) -> None:
+    """The walk below follows what the converter converts; this bounds the rest too
+    (unused $defs, enum values), which recursive code after it still reads. A loop."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _Over(
+                where, f" nests JSON more than {MAX_JSON_DEPTH} deep; at most {MAX_JSON_DEPTH}"
+            )
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        pending += [(child, depth + 1) for child in children]
 
 
 class _Walk:

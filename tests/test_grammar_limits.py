@@ -50,6 +50,11 @@ REFUSED = [
         "schema.properties has 257 entries; at most 256",
     ),
     (_nested(40), "nests subschemas more than 32 deep"),
+    # a $defs entry nothing uses is never converted, but recursive code reads it
+    (
+        {"$defs": {"x": _nested(400)}, "type": "string"},
+        "schema nests JSON more than 100 deep; at most 100",
+    ),
     # a ref used twice at each level: a short schema, an exponential grammar
     (_chain(10, twice=True), "more than 512 alternatives"),
     (
