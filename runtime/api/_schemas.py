@@ -90,19 +90,26 @@ class TextPart(_Body):
     text: Text
 
 
+# JSON inside a field may nest this deep: a schema's own limit (grammars), and far
+# from Python's recursion limit, which json.dumps/loads of the field meet later
+MAX_FIELD_DEPTH = 100
+
+
 def _plain_json(value: Any) -> Any:
     """JSON a client sent inside a field (a schema, options), every string and key in
-    it checked like any Text. A loop, not json.dumps: as deep as the body parser
-    allows must not be a RecursionError (a 500) here."""
-    pending = [value]
+    it checked like any Text, its depth bounded. A loop, not json.dumps: as deep as
+    the body parser allows must not be a RecursionError (a 500) here."""
+    pending = [(value, 0)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
+        if depth > MAX_FIELD_DEPTH:
+            raise ValueError(f"nests more than {MAX_FIELD_DEPTH} levels deep")
         if isinstance(item, str):
             _valid_unicode(item)
         elif isinstance(item, dict):
-            pending += [*item, *item.values()]
+            pending += [(child, depth + 1) for child in (*item, *item.values())]
         elif isinstance(item, list):
-            pending += item
+            pending += [(child, depth + 1) for child in item]
     return value
 
 

@@ -38,6 +38,12 @@ CHAT = [
         "tools.0.function.parameters",
         "surrogate",
     ),
+    (
+        '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+        '{"name":"f","parameters":' + '{"items":' * 900 + "{}" + "}" * 900 + "}}]}",
+        "tools.0.function.parameters",
+        "nests more than 100 levels deep",
+    ),
 ]
 COMPLETION = [
     ('{"prompt":"\\ud800"}', "prompt", "surrogate"),
