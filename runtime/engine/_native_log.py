@@ -88,7 +88,9 @@ class NativeLog:
             self.logger.warning("%d log lines suppressed", self.suppressed)
             self.suppressed = 0
         more = f" [{cut} more characters]" if cut else ""
-        self.logger.log(self._level, "%s%s", line, more)
+        # the line as the message (no arguments, so a "%" in it is text): the server's
+        # RepeatFilter then counts each line apart, not all of llama.cpp's as one
+        self.logger.log(self._level, line + more)
 
 
 # llama.cpp holds one callback for the whole process: it is set once, under this lock

@@ -44,12 +44,12 @@ def test_pieces_make_one_line_at_the_level_they_began_with(
     for _ in range(3):
         native.write(GGML_CONT, ".")
     native.write(GGML_CONT, " done\nfailed to parse grammar\n")
-    native.write(GGML_ERROR, "two\nlines\n")
+    native.write(GGML_ERROR, "two\n100% lines\n")
     assert _messages(caplog) == [
         (logging.INFO, "loading... done"),
         (logging.INFO, "failed to parse grammar"),
         (logging.WARNING, "two"),
-        (logging.WARNING, "lines"),
+        (logging.WARNING, "100% lines"),
     ]
 
 
