@@ -263,9 +263,10 @@ class LocalRuntime:
         return job.logits, report
 
     def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
+        # the tools' grammar first, so that _validate checks it as it checks any other
+        request = self._with_tool_grammar(request)
         self._validate(request)
         self._check_room()
-        request = self._with_tool_grammar(request)
         # named by the whole conversation, before any trimming
         session_id = request.session_id or (
             derived_session_id(request.messages) if request.messages else None

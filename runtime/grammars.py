@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ._grammar_limits import grammar_problem, schema_problem, subschemas
 from .errors import RequestError
 
 
@@ -51,9 +52,6 @@ IGNORED_KEYWORDS = frozenset(
 FORMATS = frozenset(
     {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
 )
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name -> subschema
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties")
 
 
 def ignored_keyword(schema: object, where: str = "schema") -> str | None:
@@ -65,17 +63,7 @@ def ignored_keyword(schema: object, where: str = "schema") -> str | None:
             return f"{where}.{key}"
     if "format" in schema and schema["format"] not in FORMATS:
         return f"{where}.format"
-    children: list[tuple[str, object]] = []
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            children += [(f"{where}.{key}.{n}", sub) for n, sub in schema[key].items()]
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            children += [(f"{where}.{key}[{i}]", sub) for i, sub in enumerate(schema[key])]
-    for key in _SCHEMA_ONE:
-        value = schema.get(key)
-        items = enumerate(value) if isinstance(value, list) else [(None, value)]
-        children += [(f"{where}.{key}" + ("" if i is None else f"[{i}]"), v) for i, v in items]
+    children = subschemas(schema, where)
     return next((found for path, sub in children if (found := ignored_keyword(sub, path))), None)
 
 
@@ -84,17 +72,35 @@ def json_schema_grammar(schema: dict[str, Any], param: str = "response_format") 
     ``param`` when the converter cannot handle the schema, or would ignore part of it."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    check_schema(schema, param)  # first: it bounds the depth ignored_keyword recurses to
     if (keyword := ignored_keyword(schema)) is not None:
         message = f"{param}: {keyword} is not supported in a JSON schema by warmstart's grammar"
         raise RequestError(message, param=param)
     try:
-        return _no_control_chars(str(json_schema_to_gbnf(json.dumps(schema))))
+        grammar = _no_control_chars(str(json_schema_to_gbnf(json.dumps(schema))))
     # the converter says "unsupported" with assert, ValueError, KeyError, TypeError or
     # a RecursionError on a cyclic $ref: any of them is the schema's fault, not ours
     except Exception as exc:
         why = str(exc) or type(exc).__name__
         message = f"{param}: this JSON schema cannot be turned into a grammar ({why})"
         raise RequestError(message, param=param) from exc
+    check_grammar_text(grammar, param)
+    return grammar
+
+
+def check_schema(schema: dict[str, Any], param: str, where: str = "schema") -> None:
+    """RequestError naming ``param``, the keyword's path and the limit, when ``schema``
+    asks for more than a grammar may (see _grammar_limits): before any conversion."""
+    if (problem := schema_problem(schema, where)) is not None:
+        raise RequestError(f"{param}: {problem} (warmstart's grammar limit)", param=param)
+
+
+def check_grammar_text(grammar: str, param: str | None) -> None:
+    """RequestError when llama.cpp's parser would refuse or crash on ``grammar``:
+    said here, so that llama.cpp never sees it (and never prints it)."""
+    if (problem := grammar_problem(grammar)) is not None:
+        prefix = f"{param}: the JSON schema is too large: " if param else ""
+        raise RequestError(f"{prefix}{problem} (warmstart's grammar limit)", param=param)
 
 
 def _no_control_chars(grammar: str) -> str:

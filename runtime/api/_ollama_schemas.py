@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
 from ._errors import unsupported
-from ._schemas import SESSION_ID, Text
+from ._schemas import SESSION_ID, JSONObject, Text
 
 # Ollama's own defaults when a request gives no option (its documented Modelfile values).
 OLLAMA_TEMPERATURE = 0.8
@@ -92,7 +92,7 @@ class _Generating(_Body):
     model: Text = Field("", description="the loaded model's name (see /api/tags) or 'default'")
     stream: bool = Field(True, description="NDJSON lines as tokens come (Ollama's default)")
     options: Options | None = None
-    format: Text | dict[str, Any] | None = Field(
+    format: Text | JSONObject | None = Field(
         None, description='"json" or a JSON schema: the reply is held to it by a grammar'
     )
     keep_alive: Text | float | None = Field(
@@ -194,7 +194,7 @@ class OllamaEmbedRequest(_Body):
         ..., description="a text or a list of texts"
     )
     truncate: bool | None = Field(None, description="refused when true: too long is a 400")
-    options: dict[str, Any] | None = Field(None, description="refused unless empty")
+    options: JSONObject | None = Field(None, description="refused unless empty")
     keep_alive: Text | float | None = None
     dimensions: int | None = Field(None, description="refused (the model's own size only)")
 

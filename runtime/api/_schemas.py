@@ -104,9 +104,26 @@ class TextPart(_Body):
     text: Text
 
 
+# JSON inside a field may nest this deep: a schema's own limit (grammars), and far
+# from Python's recursion limit, which json.dumps/loads of the field meet later
+MAX_FIELD_DEPTH = 100
+
+
 def _plain_json(value: Any) -> Any:
-    """JSON a client sent inside a field, checked like every string (see Text)."""
-    _valid_unicode(json.dumps(value, ensure_ascii=False))
+    """JSON a client sent inside a field (a schema, options), every string and key in
+    it checked like any Text, its depth bounded. A loop, not json.dumps: as deep as
+    the body parser allows must not be a RecursionError (a 500) here."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_FIELD_DEPTH:
+            raise ValueError(f"nests more than {MAX_FIELD_DEPTH} levels deep")
+        if isinstance(item, str):
+            _valid_unicode(item)
+        elif isinstance(item, dict):
+            pending += [(child, depth + 1) for child in (*item, *item.values())]
+        elif isinstance(item, list):
+            pending += [(child, depth + 1) for child in item]
     return value
 
 
@@ -234,7 +251,7 @@ class JSONObjectFormat(_Body):
 class JSONSchemaSpec(_Body):
     name: Text = Field(..., min_length=1, max_length=64)
     description: Text | None = None
-    schema_: dict[str, Any] = Field(
+    schema_: JSONObject = Field(
         default_factory=dict, alias="schema", description="a JSON schema; {} is any JSON"
     )
     # the grammar holds every reply to the schema, strict or not

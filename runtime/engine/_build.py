@@ -10,6 +10,8 @@ from typing import Any
 
 import llama_cpp.llama_cpp as ll
 
+from . import _native_log
+
 
 def parse_system_info(text: str) -> dict[str, dict[str, str]]:
     """``"CPU : AVX2 = 1 | ... | CUDA : ARCHS = 900 | ..."`` as ``{backend: {key: value}}``."""
@@ -31,6 +33,7 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 def llama_build_info() -> dict[str, Any]:
     """The loaded library's backends (e.g. ``["CPU"]`` or ``["CUDA", "CPU"]``), whether
     it can offload layers to a GPU, and its own system-info line."""
+    _native_log.install()  # a GPU backend's init logs its devices
     ll.llama_backend_init()
     raw = ll.llama_print_system_info().decode("utf-8", "replace").strip()
     info = parse_system_info(raw)

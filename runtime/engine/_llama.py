@@ -21,6 +21,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, ModelError
+from . import _native_log
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +69,6 @@ def _abort_callback() -> Any:
 _ABORT_CALLBACK = _abort_callback()
 
 
-def _silence_llama_logs() -> None:
-    """llama.cpp logs every load to stderr; route only its warnings and errors to logging."""
-
-    @ll.llama_log_callback
-    def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level >= 3:  # GGML_LOG_LEVEL_WARN and above
-            log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
-
-    # keep a reference: ctypes callbacks die with their Python object
-    _silence_llama_logs.callback = _callback  # type: ignore[attr-defined]
-    ll.llama_log_set(_callback, ctypes.c_void_p(0))
-
-
 def set_mmap(params: Any, mmap: bool) -> None:
     """Model params that map the file or read it: ``load_mode`` at llama-cpp-python
     0.3.36 (llama.cpp's loader modes), ``use_mmap`` before it."""
@@ -106,7 +94,7 @@ class LlamaModel:
         unless engine._smoke found them safe here (on AMX CPUs they can die by SIGILL).
         ``mmap``: map the file (True) or read it (False); None leaves llama.cpp's own
         choice (engine._loader proves whichever is used in a child first)."""
-        _silence_llama_logs()
+        _native_log.install()  # before llama.cpp says anything
         ll.llama_backend_init()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 10**6 if n_gpu_layers < 0 else n_gpu_layers

@@ -11,6 +11,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import RequestError
+from ..grammars import check_grammar_text
 from ..types import Sampling, TokenLogprob
 from ._llama import LlamaContext, LlamaModel
 
@@ -22,10 +23,18 @@ PENALTY_WINDOW_MAX = 8192
 def check_grammar(model: LlamaModel, grammar: str) -> None:
     """RequestError when llama.cpp cannot parse ``grammar`` for this vocabulary: said
     before the reply starts (a 400), not halfway through a stream."""
+    ll.llama_sampler_free(_grammar_sampler(model, grammar))
+
+
+def _grammar_sampler(model: LlamaModel, grammar: str) -> ll.llama_sampler_p:
+    """llama.cpp's grammar sampler, for a grammar within the limits its parser survives
+    (grammars.check_grammar_text): one past them could crash the process, or have
+    the whole grammar printed to stderr."""
+    check_grammar_text(grammar, None)
     sampler = ll.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
     if not sampler:
         raise RequestError("the grammar for this reply could not be parsed")
-    ll.llama_sampler_free(sampler)
+    return sampler
 
 
 def check_logit_bias(model: LlamaModel, sampling: Sampling) -> None:
@@ -78,10 +87,11 @@ class Sampler:
         ll.llama_sampler_chain_add(self._chain, sampler)
 
     def _add_grammar(self, model: LlamaModel, grammar: str) -> None:
-        sampler = ll.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
-        if not sampler:
+        try:
+            sampler = _grammar_sampler(model, grammar)
+        except RequestError:
             self.close()
-            raise RequestError("the grammar for this reply could not be parsed")
+            raise
         self._add(sampler)
 
     def _add_biases(self, model: LlamaModel, sampling: Sampling) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import RequestError
+from ..grammars import check_grammar_text, check_schema
 from ..types import Message, Request, Tool, ToolCall
 
 if TYPE_CHECKING:
@@ -249,13 +250,22 @@ class ToolPlan:
 def _gbnf(schema: dict[str, Any]) -> str:
     """llama-cpp-python's JSON schema -> GBNF converter; a schema it cannot convert
     is the client's error. Imported here: the rest of this module is pure, and the
-    fake runtime uses it without a model."""
+    fake runtime uses it without a model. Each tool's schema was bounded in plan();
+    the grammar of them all is bounded here, before llama.cpp sees it."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        return str(json_schema_to_gbnf(_dumps(schema)))
+        grammar = str(json_schema_to_gbnf(_dumps(schema)))
     except Exception as exc:  # the converter raises bare ValueError/KeyError/... on bad input
         raise RequestError(f"a tool's parameters schema cannot be used: {exc!r}", "tools") from exc
+    check_grammar_text(grammar, "tools")
+    return grammar
+
+
+def check_schemas(request: Request) -> None:
+    """Every tool's parameters within the grammar limits, named by their path."""
+    for i, tool in enumerate(request.tools):
+        check_schema(_schema(tool), "tools", f"tools[{i}].function.parameters")
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
@@ -292,6 +302,7 @@ def plan(request: Request, fmt: Format) -> ToolPlan | None:
     check_choice(request)
     if not request.tools and not has_tool_turns(request.messages):
         return None
+    check_schemas(request)
     if fmt != "generic":
         offered = request.tools if request.tool_choice != "none" else ()
         tools = [_native_tool(t) for t in offered]

@@ -25,6 +25,25 @@ CHAT = [
     ('{"messages":[{"role":"user","content":"x"}],"stop":["a","\\ud800"]}', "stop.1", "surrogate"),
     ('{"messages":[{"role":"user","content":"x"}],"model":"\\ud800"}', "model", "surrogate"),
     ('{"messages":[{"role":"user","content":"x"}],"user":"\\ud800"}', "user", "surrogate"),
+    # inside JSON a field holds as it is: a schema's enum, a property's name (issue 23)
+    (
+        '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",'
+        '"json_schema":{"name":"x","schema":{"enum":["a","\\ud800"]}}}}',
+        "response_format.json_schema.json_schema.schema",
+        "surrogate",
+    ),
+    (
+        '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+        '{"name":"f","parameters":{"properties":{"\\udc00":{}}}}}]}',
+        "tools.0.function.parameters",
+        "surrogate",
+    ),
+    (
+        '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+        '{"name":"f","parameters":' + '{"items":' * 900 + "{}" + "}" * 900 + "}}]}",
+        "tools.0.function.parameters",
+        "nests more than 100 levels deep",
+    ),
 ]
 COMPLETION = [
     ('{"prompt":"\\ud800"}', "prompt", "surrogate"),
@@ -52,6 +71,23 @@ def test_a_malformed_string_is_a_400_naming_its_field(
     assert error["param"] == param
     assert error["message"].startswith(param + ":")
     assert says in error["message"]
+
+
+OLLAMA = [
+    ("/chat", '{"model":"default","messages":[],"format":{"enum":["\\ud800"]},"stream":false}'),
+    ("/chat", '{"model":"default","messages":[],"options":{"\\ud800":1},"stream":false}'),
+    ("/embed", '{"model":"default","input":"x","options":{"a":["\\ud800"]}}'),
+]
+
+
+@pytest.mark.parametrize(("path", "raw"), OLLAMA)
+def test_a_lone_surrogate_in_an_ollama_body_is_a_400(server: Any, path: str, raw: str) -> None:
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(
+        server.base_url + "/api" + path, content=raw.encode(), headers=headers, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(("format:", "options:"))
 
 
 def test_no_traceback_is_logged_for_them(start: Any) -> None:
