@@ -177,11 +177,17 @@ def build_router() -> APIRouter:
 def build_service_router() -> APIRouter:
     router = APIRouter(tags=["service"])
 
-    @router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    @router.get("/", response_class=PlainTextResponse)
     def root() -> str:
         """A short status, open like /health: front ends made for Ollama probe ``/``
         (which answers "Ollama is running") before they use the API."""
         return "warmstart is running"
+
+    # HEAD apart and out of the schema: one route with both methods gives the OpenAPI
+    # document two operations of the same id (a warning, an error in the tests)
+    router.add_api_route(
+        "/", root, methods=["HEAD"], response_class=PlainTextResponse, include_in_schema=False
+    )
 
     @router.get("/health")
     def health(request: Request) -> dict[str, Any]:
