@@ -78,8 +78,9 @@ class Job:
         self.tools = env.engine.tool_plan(request) if request.messages else None
         self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
-        # the conversation's next request is here: what is left is that request's own
-        # prefill (it continues in the same sequence, in the same batches), so it stops
+        # the conversation's next request is here: the reply's re-prefill is that
+        # request's own prefill (it continues in the same sequence, in the same
+        # batches), so it is skipped; the capture of the prompt's chunks is not
         self.preempted = False
         self.history = history
         self.t0 = time.perf_counter()
@@ -136,8 +137,6 @@ class Job:
             yield
             if self.env.store is not None and self.promotions:
                 self.env.store.promote(self.promotions)
-            if self.preempted:
-                return
             leaf = self._keep(res, self.cuts[:-1])
             leaf = (yield from self._settle(res)) or leaf
             self._save_session(leaf, len(res.tokens))
@@ -336,6 +335,8 @@ class Job:
         The next prompt is this one's messages and the reply, as the template renders
         them (so with the reply's end-of-turn markup and the next turn's opening);
         a client that sends the history back otherwise reuses less, never wrong KV."""
+        if self.preempted:  # the next turn is here and prefills the reply itself
+            return None
         if not (self.cached and self.env.exact_replies and len(res.tokens) > len(self.ids)):
             return None
         target, cuts = self._next_prompt(res)

@@ -362,9 +362,9 @@ class LocalRuntime:
 
     def _preempt_for_followups(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
         """A conversation's next request is waiting (an agent loop, a client that sends
-        the follow-up at once): the previous reply's background work (capture, the
-        reply's re-prefill) is what that request prefills anyway, in the same batches,
-        so the old job ends now instead of making the new one wait for it."""
+        the follow-up at once): the previous reply's re-prefill is what that request
+        prefills anyway, in the same batches, so the old job ends now (its prompt's
+        chunks captured, its session saved) instead of making the new one wait."""
         waiting = {j.report.session_id for j in self._waiting if j.report.session_id}
         for job, steps in list(active):
             if not (job.background and job.report.session_id in waiting):
@@ -373,7 +373,7 @@ class LocalRuntime:
             self.counters["preempted"] += 1
             active.remove((job, steps))
             try:
-                for _ in steps:  # what is left is bookkeeping: no decode runs now
+                for _ in steps:  # what is left is the capture: no decode runs now
                     pass
             except Exception:
                 log.exception("a preempted request failed while it ended")

@@ -24,6 +24,11 @@ GGML_DEBUG, GGML_INFO, GGML_WARN, GGML_ERROR, GGML_CONT = 1, 2, 3, 4, 5
 # llama.cpp's errors are about one request or one call, all reported to the caller
 # as return codes (EngineError, a 400): warnings here; its warnings, information
 _LEVELS = {GGML_ERROR: logging.WARNING, GGML_WARN: logging.INFO}
+# A decode stopped by the abort callback (engine.interrupt: background work that a
+# request arrived for, an embedding whose client left) is expected; llama.cpp reports
+# it as three errors, recognisable by its status (GGML_STATUS_ABORTED = 1, and
+# llama_decode's 2). They are kept, at debug level, so the log does not cry wolf.
+_ABORTED_ENDINGS = ("failed with error 1", "compute status: 1", "failed to decode, ret = 2")
 MAX_LINE_CHARS = 300  # a log line worth reading; llama.cpp's own are under 200
 BURST = 50  # a model load's warnings, and then some
 RATE_PER_S = 2.0
@@ -77,6 +82,9 @@ class NativeLog:
         self._line, self._kept, self._cut = [], 0, 0
         if not line:
             return
+        level = logging.DEBUG if line.endswith(_ABORTED_ENDINGS) else self._level
+        if not self.logger.isEnabledFor(level):
+            return
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
@@ -90,7 +98,7 @@ class NativeLog:
         more = f" [{cut} more characters]" if cut else ""
         # the line as the message (no arguments, so a "%" in it is text): the server's
         # RepeatFilter then counts each line apart, not all of llama.cpp's as one
-        self.logger.log(self._level, line + more)
+        self.logger.log(level, line + more)
 
 
 # llama.cpp holds one callback for the whole process: it is set once, under this lock

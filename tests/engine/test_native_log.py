@@ -112,3 +112,17 @@ model.close()
     assert lines and all(line.startswith("LOG llama.cpp ") for line in lines), done.stderr
     assert any("left recursion" in line for line in lines)
     assert len(done.stderr) < 4000
+
+
+def test_a_decode_stopped_on_purpose_is_not_reported_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    native, _ = _log(caplog)
+    native.write(
+        GGML_ERROR, "graph_compute: ggml_backend_sched_graph_compute_async failed with error 1\n"
+    )
+    native.write(GGML_ERROR, "process_ubatch: failed to compute graph, compute status: 1\n")
+    native.write(GGML_ERROR, "llama_decode: failed to decode, ret = 2\n")
+    native.write(GGML_ERROR, "llama_decode: failed to decode, ret = -3\n")
+    levels = [level for level, _ in _messages(caplog)]
+    assert levels == [logging.DEBUG] * 3 + [logging.WARNING]
