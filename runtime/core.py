@@ -3,7 +3,8 @@
 One worker thread owns the llama.cpp context. Requests queue (bounded: Busy
 beyond ``max_queue``) and are admitted while a resident sequence is free; the
 worker then advances every admitted request one bounded step at a time, round
-robin, so conversations are served fairly.
+robin, so conversations are served fairly. Embeddings are computed on the thread
+that asks, in a context of their own, admitted with the replies (_embed_queue.py).
 """
 
 from __future__ import annotations
