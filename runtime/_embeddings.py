@@ -85,10 +85,11 @@ class EmbeddingService:
         check_tokens(tokenized, embedder.n_ctx)
         return tokenized
 
-    def vector(self, tokens: list[int]) -> tuple[float, ...]:
+    def vector(self, tokens: list[int], stop: threading.Event | None = None) -> tuple[float, ...]:
         """The normalised vector of one prepared text; one caller at a time (the
-        request whose turn it is)."""
-        return tuple(float(x) for x in self._open().embed(tokens))
+        request whose turn it is). Cancelled as soon as ``stop`` is set, even halfway
+        through the text."""
+        return tuple(float(x) for x in self._open().embed(tokens, stop))
 
     def result(
         self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]

@@ -535,7 +535,8 @@ class LocalRuntime:
         says."""
         self._check_room()  # a 429 before tokenizing a megabyte of input
         tokenized = self.embeddings.prepare(list(texts))
-        vectors = self._embeds.run(tokenized, stop or threading.Event(), self.embeddings.vector)
+        stop = stop or threading.Event()
+        vectors = self._embeds.run(tokenized, stop, lambda t: self.embeddings.vector(t, stop))
         return self.embeddings.result(tokenized, vectors)
 
     def settings_report(self) -> dict[str, dict[str, Any]]:

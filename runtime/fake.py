@@ -42,7 +42,7 @@ from typing import Any
 
 from ._embed_queue import EmbeddingQueue, check_texts, check_tokens
 from .engine._tools import check_choice, new_call_id
-from .errors import Busy, ContextOverflow, RequestError
+from .errors import Busy, Cancelled, ContextOverflow, RequestError
 from .streams import QueueStream
 from .types import (
     TIERS,
@@ -293,11 +293,13 @@ class FakeRuntime:
         check_texts(texts)
         tokenized = [tokenize(t) for t in texts]
         total = check_tokens(tokenized, self.n_ctx)
-        vectors = self._embeds.run(tokenized, stop or threading.Event(), self._vector)
+        stop = stop or threading.Event()
+        vectors = self._embeds.run(tokenized, stop, lambda words: self._vector(words, stop))
         return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
 
-    def _vector(self, words: list[str]) -> tuple[float, ...]:
-        time.sleep(len(words) * self.prefill_delay)  # what its prefill would cost
+    def _vector(self, words: list[str], stop: threading.Event) -> tuple[float, ...]:
+        if stop.wait(len(words) * self.prefill_delay):  # what its prefill would cost
+            raise Cancelled("the embedding was stopped")
         vector = [0.0] * _EMBED_DIM
         for word in words:
             digest = hashlib.sha256(word.strip().lower().encode()).digest()

@@ -37,13 +37,15 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]
     rt.close()
 
 
-def _embedding(runtime: Runtime, stop: threading.Event) -> tuple[threading.Thread, list[object]]:
+def _embedding(
+    runtime: Runtime, stop: threading.Event, texts: list[str] = LONG
+) -> tuple[threading.Thread, list[object]]:
     """A long embedding on a thread of its own; its outcome lands in the list."""
     out: list[object] = []
 
     def run() -> None:
         try:
-            out.append(runtime.embed(LONG, stop))
+            out.append(runtime.embed(texts, stop))
         except WarmstartError as exc:
             out.append(exc)
 
@@ -125,3 +127,17 @@ def test_a_request_over_the_token_limit_is_refused_before_any_work(runtime: Runt
         runtime.embed(texts)
     assert refused.value.param == "input" and f"at most {MAX_EMBED_TOKENS}" in str(refused.value)
     assert time.monotonic() - t0 < 30  # tokenized, never computed (minutes on two cores)
+
+
+def test_a_long_text_is_stopped_halfway(runtime: Runtime) -> None:
+    """One text is one batch (seconds of one core on the real model): a stop set while
+    it is computed ends it there, not after it."""
+    stop = threading.Event()
+    thread, out = _embedding(runtime, stop, ["word " * 500] * 20)
+    _until(lambda: _queue(runtime)["active"] == 1)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    stop.set()
+    thread.join(30)
+    assert isinstance(out[0], Cancelled)
+    assert time.monotonic() - t0 < 3.0

@@ -7,7 +7,8 @@ test_slow_bodies.py).
 - 2,048 texts under the limits are minutes of work; a chat sent meanwhile is
   answered while the embedding is still counted active, and once the embedding's
   client leaves the server's CPU time (psutil) shows the core free within 5 s.
-- SIGTERM during a long embedding ends the process promptly.
+- SIGTERM during a long embedding ends the process promptly, even in the middle of a
+  text of 1,500 tokens (llama.cpp's abort callback).
 - 300 connections from 127.0.0.2 that trickle their bodies leave /health (under 1 s)
   and chat (near its baseline) answering for 127.0.0.1.
 """
@@ -51,6 +52,8 @@ REPORTED = [
 ]
 # 2,048 texts of some 26 tokens, 53,000 in all: under the limits, minutes of work here.
 LONG = [f"text {i}: " + "word " * 22 for i in range(2048)]
+# 30 texts of some 1,500 tokens: each one batch of most of a minute on a busy core
+LONG_TEXTS = [f"text {i}: " + "word " * 1500 for i in range(30)]
 
 
 def _command(data_dir: Path, model_path: Path) -> list[str]:
@@ -175,7 +178,7 @@ def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
 def test_sigterm_during_a_long_embedding_ends_the_process(model_path: Path, tmp_path: Path) -> None:
     cmd = _command(tmp_path, model_path)
     with run_server(cmd, start_timeout_s=START_TIMEOUT_S, log_dir=tmp_path) as srv:
-        client, _ = _abandoned(srv.v1 + "/embeddings", {"input": LONG}, after_s=120.0)
+        client, _ = _abandoned(srv.v1 + "/embeddings", {"input": LONG_TEXTS}, after_s=120.0)
         _until(lambda: _queue(srv)["active"] == 1)
         time.sleep(1.0)
         t0 = time.monotonic()
