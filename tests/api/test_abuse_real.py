@@ -164,13 +164,15 @@ def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
             t0 = time.monotonic()
             assert chat().status_code == 200
             worst_chat = max(worst_chat, time.monotonic() - t0)
-        assert attack.opened >= 300
     log.warning(
-        "under 300 slow bodies: /health at worst %.3f s; chat %.2f s (baseline %.2f s)",
+        "under 300 slow bodies (%d connections opened): /health at worst %.3f s; chat "
+        "%.2f s (baseline %.2f s)",
+        attack.opened,
         worst_health,
         worst_chat,
         baseline,
     )
+    assert attack.opened >= 300  # the attack was at full strength
     assert worst_health < 1.0
     assert worst_chat < 3 * baseline + 5.0, (baseline, worst_chat)
 
