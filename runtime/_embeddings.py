@@ -3,18 +3,22 @@
 From the chat model's own pooled token states, or from the GGUF the
 ``embedding_model`` setting names. Either way a small context of its own, created
 on the first request (no memory is spent by servers nobody asks for embeddings):
-the chat context and the conversations' KV are never touched. Every call runs on
-the runtime's worker thread, which owns the model.
+the chat context and the conversations' KV are never touched. The vectors are
+computed on the thread that asked, one request at a time (see _embed_queue.py), while
+the runtime's worker goes on serving replies in its own context: llama.cpp allows
+contexts of one model on different threads.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._embed_queue import check_texts, check_tokens
 from .engine._llama import LlamaEmbedder, LlamaModel
-from .errors import RequestError
 from .models import ModelManager
 from .settings import Settings
 from .types import Embeddings
@@ -43,6 +47,7 @@ class EmbeddingService:
         self._n_threads = n_threads
         self._own_model: LlamaModel | None = None
         self._embedder: LlamaEmbedder | None = None
+        self._opening = threading.Lock()  # two first requests must not open two contexts
 
     @classmethod
     def for_settings(
@@ -53,46 +58,57 @@ class EmbeddingService:
         path = None
         if settings.embedding_model:
             path = ModelManager(settings.models_dir).resolve(settings.embedding_model)
-        threads = settings.n_threads or 0
-        return cls(chat_model, chat_model_id, path, settings.n_gpu_layers, threads)
+        return cls(chat_model, chat_model_id, path, settings.n_gpu_layers, embed_threads(settings))
 
     def _open(self) -> LlamaEmbedder:
-        if self._embedder is None:
-            model = self._chat_model
-            if self._path is not None:
-                log.info("loading the embedding model %s", self._path)
-                self._own_model = model = LlamaModel(self._path, self._n_gpu_layers)
-            n_ctx = min(EMBED_CTX_TOKENS, max(model.n_ctx_train, 256))
-            self._embedder = LlamaEmbedder(model, n_ctx, self._n_threads)
-        return self._embedder
+        with self._opening:
+            if self._embedder is None:
+                model = self._chat_model
+                if self._path is not None:
+                    log.info("loading the embedding model %s", self._path)
+                    self._own_model = model = LlamaModel(self._path, self._n_gpu_layers)
+                n_ctx = min(EMBED_CTX_TOKENS, max(model.n_ctx_train, 256))
+                self._embedder = LlamaEmbedder(model, n_ctx, self._n_threads)
+            return self._embedder
 
-    def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Normalised vectors, one per text; RequestError (param ``input``) for an empty
-        text or one longer than the embedding context. Worker thread only."""
-        if not texts:
-            raise RequestError("input must hold at least one text", "input")
+    def prepare(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids, checked against the limits of _embed_queue.py before
+        any vector is computed (RequestError, param ``input``). Any thread: only the
+        vocabulary is read."""
+        check_texts(texts)
         embedder = self._open()
-        model = embedder.model
-        vectors, total = [], 0
-        for i, text in enumerate(texts):
-            # parse_special off: text from a client is never read as control tokens
-            tokens = model.tokenize(text, add_special=True, parse_special=False) if text else []
-            where = "input" if len(texts) == 1 else f"input.{i}"
-            if not text or not tokens:
-                raise RequestError(f"{where}: an empty text has no embedding", where)
-            if len(tokens) > embedder.n_ctx:
-                raise RequestError(
-                    f"{where}: {len(tokens)} tokens; the embedding context holds {embedder.n_ctx}",
-                    where,
-                )
-            vectors.append(tuple(float(x) for x in embedder.embed(tokens)))
-            total += len(tokens)
+        # parse_special off: text from a client is never read as control tokens
+        tokenized = [
+            embedder.model.tokenize(t, add_special=True, parse_special=False) if t else []
+            for t in texts
+        ]
+        check_tokens(tokenized, embedder.n_ctx)
+        return tokenized
+
+    def vector(self, tokens: list[int], stop: threading.Event | None = None) -> tuple[float, ...]:
+        """The normalised vector of one prepared text; one caller at a time (the
+        request whose turn it is). Cancelled as soon as ``stop`` is set, even halfway
+        through the text."""
+        return tuple(float(x) for x in self._open().embed(tokens, stop))
+
+    def result(
+        self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
+    ) -> Embeddings:
+        total = sum(len(t) for t in tokenized)
         return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
 
     def close(self) -> None:
+        """Frees the context (and the embedding model): no request may be running."""
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None
         if self._own_model is not None:
             self._own_model.close()
             self._own_model = None
+
+
+def embed_threads(settings: Settings) -> int:
+    """Threads of the embedding context: half of what replies use, so that an
+    embedding computed beside them leaves them cores (llama.cpp's threads spin at
+    their barriers: more threads than cores slows both down many times)."""
+    return max(1, (settings.n_threads or os.cpu_count() or 2) // 2)

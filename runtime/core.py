@@ -3,7 +3,8 @@
 One worker thread owns the llama.cpp context. Requests queue (bounded: Busy
 beyond ``max_queue``) and are admitted while a resident sequence is free; the
 worker then advances every admitted request one bounded step at a time, round
-robin, so conversations are served fairly.
+robin, so conversations are served fairly. Embeddings are computed on the thread
+that asks, in a context of their own, admitted with the replies (_embed_queue.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -20,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ._embed_queue import EmbeddingQueue
 from ._embeddings import EmbeddingService
 from ._pipeline import Env, Job
 from .engine._engine import Engine, EngineConfig
@@ -145,6 +148,7 @@ class LocalRuntime:
         )
         self.model_id = path.stem if settings.model not in ("default",) else "default"
         self.embeddings = EmbeddingService.for_settings(settings, loaded.model, self.model_id)
+        self.embedding_model_id = self.embeddings.model_id
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()
         keep_text = settings.history and not settings.no_cache
@@ -165,8 +169,10 @@ class LocalRuntime:
             exact_replies=settings.exact_replies,
         )
         self.counters: collections.Counter[str] = collections.Counter()
-        self._cv = threading.Condition()
+        lock = threading.RLock()  # one lock for both queues: one admission decision
+        self._cv = threading.Condition(lock)
         self._waiting: collections.deque[Job] = collections.deque()
+        self._embeds = EmbeddingQueue(lock, settings.max_queue, lambda: len(self._waiting))
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
         self._background: list[tuple[threading.Thread, threading.Event]] = []
@@ -243,8 +249,12 @@ class LocalRuntime:
         with self._cv:
             if self._closing:  # no worker will take it: refuse rather than hang
                 raise EngineError("the model was unloaded; send the request again")
-            if len(self._waiting) >= self.settings.max_queue:
+            if self._queued() >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
+
+    def _queued(self) -> int:
+        """Requests waiting, replies and embeddings (the lock held)."""
+        return len(self._waiting) + self._embeds.waiting
 
     def count_tokens(self, request: Request) -> int:
         self._validate(request)
@@ -281,7 +291,7 @@ class LocalRuntime:
         with self._cv:
             if self._closing:
                 raise EngineError("the model was unloaded; send the request again")
-            if len(self._waiting) >= self.settings.max_queue:
+            if self._queued() >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
             history = whole if trimmed else None
             job = Job(self.env, request, ids, anchors, stream, session_id, want_logits, history)
@@ -430,8 +440,13 @@ class LocalRuntime:
         return fut.result()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Waits until every submitted request has finished, captures included."""
-        return self._idle.wait(timeout)
+        """Waits until every submitted request has finished, captures and embeddings
+        included."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._idle.wait(timeout):
+            return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._embeds.wait_idle(left)
 
     def evict_live(self) -> None:
         """Empties every idle resident sequence (their chunks stay in RAM and on disk):
@@ -566,7 +581,7 @@ class LocalRuntime:
             )
             out["store"] = store
         with self._cv:
-            waiting = len(self._waiting)
+            waiting, embedding = self._queued(), self._embeds.active
         out.update(
             requests=c["requests"],
             prompt_tokens=c["prompt_tokens"],
@@ -578,17 +593,22 @@ class LocalRuntime:
             tiers=tiers,
             queue={
                 "waiting": waiting,
-                "active": sum(1 for r in self.engine.residents if r.busy),
+                "active": sum(1 for r in self.engine.residents if r.busy) + embedding,
                 "max_queue": self.settings.max_queue,
             },
             sessions=self.book.count(),
         )
         return out
 
-    def embed(self, texts: Sequence[str]) -> Embeddings:
-        """On the worker thread (it owns the model), between two steps of the replies."""
-        items = list(texts)
-        return self._call(lambda: self.embeddings.embed(items))
+    def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings:
+        """On the calling thread, in the embedding context, while the worker goes on
+        serving replies; admitted, limited and cancelled (``stop``) as _embed_queue.py
+        says."""
+        self._check_room()  # a 429 before tokenizing a megabyte of input
+        tokenized = self.embeddings.prepare(list(texts))
+        stop = stop or threading.Event()
+        vectors = self._embeds.run(tokenized, stop, lambda t: self.embeddings.vector(t, stop))
+        return self.embeddings.result(tokenized, vectors)
 
     def settings_report(self) -> dict[str, dict[str, Any]]:
         return self.tuning.report()
@@ -616,6 +636,7 @@ class LocalRuntime:
         stream still gets its Done, so its client gets a last event."""
         for stream in list(self._streams):
             stream.cancel()
+        self._embeds.cancel_all()
 
     def close(self) -> None:
         with self._cv:
@@ -623,6 +644,7 @@ class LocalRuntime:
                 return
             self._closing = True
             self._cv.notify()
+        self._embeds.close()  # a running one stops after its text; its context is freed below
         for _, stop in self._background:
             stop.set()
         for thread, _ in self._background:

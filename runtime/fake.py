@@ -20,6 +20,9 @@ the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 - One worker thread serves up to ``slots`` replies at once, one token each per
   round (like a batched decoder), and admits waiting requests in arrival order;
   ``generate`` raises Busy once ``max_queue`` requests wait.
+- Embeddings are bags of words, computed at ``prefill_delay`` a word on the calling
+  thread, under the same limits, admission and cancellation as the real ones
+  (runtime/_embed_queue.py).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._embed_queue import EmbeddingQueue, check_texts, check_tokens
 from .engine._tools import check_choice, new_call_id
-from .errors import Busy, ContextOverflow, RequestError
+from .errors import Busy, Cancelled, ContextOverflow, RequestError
 from .sessions import check_session_id
 from .streams import QueueStream
 from .types import (
@@ -162,7 +166,7 @@ class FakeRuntime:
         disk_sessions: int = 64,
         reply_words: int | None = None,
     ) -> None:
-        self.model_id = model_id
+        self.model_id = self.embedding_model_id = model_id
         self.n_ctx = n_ctx
         self.max_queue = max_queue
         self.slots = slots
@@ -175,7 +179,9 @@ class FakeRuntime:
         self._counters: collections.Counter[str] = collections.Counter()
         self._waiting: collections.deque[_Job] = collections.deque()
         self._active: list[_Job] = []
-        self._cond = threading.Condition()
+        lock = threading.RLock()  # one lock for both queues: one admission decision
+        self._cond = threading.Condition(lock)
+        self._embeds = EmbeddingQueue(lock, max_queue, lambda: len(self._waiting))
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="fake-runtime", daemon=True)
         self._worker.start()
@@ -190,8 +196,9 @@ class FakeRuntime:
         with self._cond:
             if self._closed:
                 raise RequestError("the runtime is closed")
-            if len(self._waiting) >= self.max_queue:
-                raise Busy(retry_after=max(1.0, len(self._waiting) * self.token_delay * 8))
+            waiting = len(self._waiting) + self._embeds.waiting
+            if waiting >= self.max_queue:
+                raise Busy(retry_after=max(1.0, waiting * self.token_delay * 8))
             self._waiting.append(job)
             self._cond.notify()
         return job.stream
@@ -277,34 +284,32 @@ class FakeRuntime:
                 "evictions": c["evictions"],
                 "tiers": tiers,
                 "queue": {
-                    "waiting": len(self._waiting),
-                    "active": len(self._active),
+                    "waiting": len(self._waiting) + self._embeds.waiting,
+                    "active": len(self._active) + self._embeds.active,
                     "max_queue": self.max_queue,
                 },
                 "sessions": len(self._entries),
             }
 
-    def embed(self, texts: Sequence[str]) -> Embeddings:
+    def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings:
         """Bag-of-words vectors: each word adds a signed unit at a place its hash picks,
         so equal texts get equal vectors and different words different ones."""
-        if not texts:
-            raise RequestError("input must hold at least one text", "input")
-        vectors = []
-        for i, text in enumerate(texts):
-            words = tokenize(text)
-            where = "input" if len(texts) == 1 else f"input.{i}"
-            if not words:
-                raise RequestError(f"{where}: an empty text has no embedding", where)
-            if len(words) > self.n_ctx:
-                raise RequestError(f"{where}: {len(words)} tokens; at most {self.n_ctx}", where)
-            vector = [0.0] * _EMBED_DIM
-            for word in words:
-                digest = hashlib.sha256(word.strip().lower().encode()).digest()
-                vector[digest[0] % _EMBED_DIM] += 1.0 if digest[1] & 1 else -1.0
-            norm = sum(x * x for x in vector) ** 0.5 or 1.0
-            vectors.append(tuple(x / norm for x in vector))
-        total = sum(len(tokenize(t)) for t in texts)
+        check_texts(texts)
+        tokenized = [tokenize(t) for t in texts]
+        total = check_tokens(tokenized, self.n_ctx)
+        stop = stop or threading.Event()
+        vectors = self._embeds.run(tokenized, stop, lambda words: self._vector(words, stop))
         return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
+
+    def _vector(self, words: list[str], stop: threading.Event) -> tuple[float, ...]:
+        if stop.wait(len(words) * self.prefill_delay):  # what its prefill would cost
+            raise Cancelled("the embedding was stopped")
+        vector = [0.0] * _EMBED_DIM
+        for word in words:
+            digest = hashlib.sha256(word.strip().lower().encode()).digest()
+            vector[digest[0] % _EMBED_DIM] += 1.0 if digest[1] & 1 else -1.0
+        norm = sum(x * x for x in vector) ** 0.5 or 1.0
+        return tuple(x / norm for x in vector)
 
     def settings_report(self) -> dict[str, dict[str, Any]]:
         reason = "FakeRuntime constructor argument"
@@ -331,16 +336,22 @@ class FakeRuntime:
             jobs = [*self._active, *self._waiting]
         for job in jobs:
             job.stream.cancel()
+        self._embeds.cancel_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: not self._active and not self._waiting, timeout)
+            if not self._cond.wait_for(lambda: not self._active and not self._waiting, timeout):
+                return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._embeds.wait_idle(left)
 
     def close(self) -> None:
         """Stops the worker; replies still pending end as cancelled. Idempotent."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._embeds.close()
         if self._worker.is_alive() and self._worker is not threading.current_thread():
             self._worker.join(timeout=5)
         with self._cond:

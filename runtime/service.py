@@ -7,6 +7,7 @@ without a model. Both pass the same contract tests (tests/test_service_contract.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,10 +40,15 @@ class Runtime(Protocol):
       disk tier off: RAM only); empty when all is well. Cheap: /health calls it.
     - ``clear_cache()`` empties the KV cache in every tier (a damaged disk cache is
       reset); conversations stay.
-    - ``embed(texts)`` returns one unit-length vector per text (Embeddings); raises
-      RequestError (param ``input``) for an empty text or one too long to embed.
+    - ``embed(texts, stop)`` returns one unit-length vector per text (Embeddings),
+      computed on the calling thread while replies go on; raises RequestError (param
+      ``input``) for an empty text, one too long to embed, or a request over the
+      limits of runtime/_embed_queue.py, before any vector is computed. It waits its
+      turn counted among the waiting requests (Busy when ``max_queue`` wait) and is
+      active while computed; ``stop`` set, or cancel_all(), ends it before its next
+      text with Cancelled. Its vectors name ``embedding_model_id``.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
-      down); each stream still ends with its Done.
+      down); each stream still ends with its Done. Embeddings end with Cancelled.
     - ``wait_idle(timeout)`` waits until every submitted request has finished;
       False when ``timeout`` seconds passed first (a model switch bounds its wait).
     - ``close()`` stops the worker and flushes the disk tier; idempotent. A request
@@ -50,6 +56,7 @@ class Runtime(Protocol):
     """
 
     model_id: str
+    embedding_model_id: str  # the model /v1/embeddings answers with
     n_ctx: int
 
     def generate(self, request: Request) -> Stream: ...
@@ -70,7 +77,7 @@ class Runtime(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
-    def embed(self, texts: Sequence[str]) -> Embeddings: ...
+    def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings: ...
 
     def settings_report(self) -> dict[str, dict[str, Any]]: ...
 

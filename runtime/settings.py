@@ -219,11 +219,25 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         256, ge=4, le=65536, description="open connections at most (also kept under ulimit -n)"
     )
+    max_connections_per_client: int = Field(
+        32,
+        ge=1,
+        le=65536,
+        description="open connections from one client address at most (an IPv6 /64 is one "
+        "address; never more than half of max_connections)",
+    )
     header_timeout: float = Field(
         10.0, gt=0, le=3600, description="seconds a client has to send its request headers"
     )
     body_timeout: float = Field(
         30.0, gt=0, le=3600, description="seconds a client has to send its request body"
+    )
+    min_body_rate: int = Field(
+        1024,
+        ge=0,
+        le=1 << 30,
+        description="bytes a second a request body must average once it has had 2 s "
+        "(slower: 408; 0: only body_timeout)",
     )
     keep_alive_timeout: float = Field(
         5.0, gt=0, le=3600, description="seconds an idle keep-alive connection stays open"

@@ -52,7 +52,10 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(JsonBodyMiddleware)  # inside the limit: sees the bounded body
     app.add_middleware(
-        BodyLimitMiddleware, limit=settings.max_request_bytes, timeout=settings.body_timeout
+        BodyLimitMiddleware,
+        limit=settings.max_request_bytes,
+        timeout=settings.body_timeout,
+        min_rate=settings.min_body_rate,
     )
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)

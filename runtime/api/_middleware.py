@@ -58,16 +58,26 @@ DRAIN_BYTES = 64 << 20
 DRAIN_S = 5.0
 
 
+# A body may pause this long before min_body_rate counts (a client that sends the
+# headers first and the body once its JSON is built, or after "100 Continue").
+BODY_GRACE_S = 2.0
+
+
 class BodyLimitMiddleware:
-    """Answers 413 to a body over ``limit`` bytes, declared or streamed.
+    """Answers 413 to a body over ``limit`` bytes, declared or streamed, and 408 to one
+    that takes longer than ``timeout`` seconds or, after BODY_GRACE_S, averages less
+    than ``min_rate`` bytes a second (0: no rate). A trickled body must not hold a
+    connection (and a descriptor) for long: 300 of them once locked every other
+    client out for the 30 s of ``timeout``.
 
     The body is read up front (it is bounded) and replayed to the app; after it the
     app's ``receive`` reaches the server again, so disconnects still arrive."""
 
-    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0, min_rate: int = 0) -> None:
         self.app = app
         self.limit = limit
         self.timeout = timeout
+        self.min_rate = min_rate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,28 +89,39 @@ class BodyLimitMiddleware:
             return
         chunks: list[bytes] = []
         size = 0
-        # A body trickled byte by byte must not hold a connection (and a descriptor).
-        with anyio.move_on_after(self.timeout) as waited:
-            while True:
+        started = anyio.current_time()
+        while True:
+            with anyio.move_on_after(self._patience(started, size)) as waited:
                 message = await receive()
-                if message["type"] != "http.request":  # the client left before sending it all
-                    return
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                if size > self.limit:
-                    await self._too_large(receive, send, more=message.get("more_body", False))
-                    return
-                if not message.get("more_body", False):
-                    break
-        if waited.cancelled_caught:
-            body = error_body(
-                f"the request body took longer than {self.timeout:g} s to arrive",
-                "invalid_request_error",
-                code="request_timeout",
-            )
-            await send_error(send, 408, body, [(b"connection", b"close")])
-            return
+            if waited.cancelled_caught:
+                await self._too_slow(send, anyio.current_time() - started >= self.timeout)
+                return
+            if message["type"] != "http.request":  # the client left before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._too_large(receive, send, more=message.get("more_body", False))
+                return
+            if not message.get("more_body", False):
+                break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    def _patience(self, started: float, size: int) -> float:
+        """Seconds the next part of the body may take: until ``timeout``, or until the
+        ``size`` bytes so far fall below ``min_rate`` after the grace period."""
+        latest = self.timeout
+        if self.min_rate:
+            latest = min(latest, BODY_GRACE_S + size / self.min_rate)
+        return max(0.0, started + latest - anyio.current_time())
+
+    async def _too_slow(self, send: Send, timed_out: bool) -> None:
+        if timed_out:
+            message = f"the request body took longer than {self.timeout:g} s to arrive"
+        else:
+            message = f"the request body arrived slower than {self.min_rate} bytes a second"
+        body = error_body(message, "invalid_request_error", code="request_timeout")
+        await send_error(send, 408, body, [(b"connection", b"close")])
 
     async def _too_large(self, receive: Receive, send: Send, more: bool = True) -> None:
         """The 413, once the rest of the body (up to DRAIN_BYTES, for DRAIN_S) is read

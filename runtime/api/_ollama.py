@@ -195,7 +195,7 @@ def build_router() -> APIRouter:
         """Normalised embeddings of one text or a list of texts."""
         started = time.monotonic()
         name = models.untagged(body.model) or None
-        result = await _embeddings.embed(state(request), name, body.texts())
+        result = await _embeddings.embed(request, name, body.texts())
         return {
             "model": models.tag_name(result.model),
             "embeddings": [list(v) for v in result.vectors],

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._embed_queue import MAX_EMBED_INPUTS
 from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
 from ._errors import unsupported
@@ -190,7 +191,7 @@ class OllamaShowRequest(_Body):
 
 class OllamaEmbedRequest(_Body):
     model: Text = ""
-    input: Text | Annotated[list[Text], Field(min_length=1, max_length=2048)] = Field(
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBED_INPUTS)] = Field(
         ..., description="a text or a list of texts"
     )
     truncate: bool | None = Field(None, description="refused when true: too long is a 400")

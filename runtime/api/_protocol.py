@@ -4,16 +4,21 @@ uvicorn times out only idle keep-alive connections: a client that trickles its
 headers one byte at a time holds its connection (and a file descriptor) forever,
 and a thousand of them exhaust ``ulimit -n`` so that /health cannot be accepted.
 Here each connection gets ``header_timeout`` seconds to send a request's headers
-(from the moment it opens or its last response ended), open connections are capped
-(the oldest one that is waiting for headers makes room for a new one, so trickling
-clients cannot keep others out), and the socket holds little unsent data, so a
-client that stops reading blocks our sends soon (see SSEResponse's send_timeout).
+(from the moment it opens or its last response ended), and its body must keep up a
+minimum rate (BodyLimitMiddleware). Open connections are capped, in all and per
+client address (an IPv6 /64 counts as one address: a host gets a whole prefix): a
+new connection over a cap closes the oldest one that is still sending headers or a
+body (under that address, for its cap), and is refused when none is. So trickling
+clients hold at most their address's share and cannot keep others out. The socket
+holds little unsent data, so a client that stops reading blocks our sends soon (see
+SSEResponse's send_timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import resource
 import socket
@@ -39,6 +44,7 @@ RESERVED_FDS = 64
 class ConnectionLimits:
     max_connections: int
     header_timeout: float
+    per_client: int = 1 << 30  # open connections from one client address
     # the open connections' sockets by peer (host, port): a streamed reply watches
     # its kernel send queue to notice a client that stopped reading (see _sse.py)
     sockets: dict[tuple[Any, ...], socket.socket] = field(default_factory=dict)
@@ -57,6 +63,26 @@ def fd_bounded(max_connections: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return max_connections
     return max(4, min(max_connections, soft - RESERVED_FDS))
+
+
+def per_client_bound(per_client: int, max_connections: int) -> int:
+    """The per-address cap, at most half of all connections: one address can then
+    never take every connection, whatever the descriptor limit left."""
+    return max(1, min(per_client, max_connections // 2))
+
+
+def client_key(host: object) -> str:
+    """What counts as one client: its IPv4 address (also when mapped into IPv6), the
+    /64 prefix of an IPv6 one; the text itself for anything else (a Unix socket)."""
+    try:
+        ip = ipaddress.ip_address(str(host))
+    except ValueError:
+        return str(host)
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def protocol_class(limits: ConnectionLimits) -> type[H11Protocol]:
@@ -78,22 +104,38 @@ class _GuardedH11(H11Protocol):
         self._waiting_cycle: Any = None
         _tune_socket(transport)
         self._peer = tuple((transport.get_extra_info("peername") or ())[:2])
+        self._client = client_key(self._peer[0]) if self._peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None and self._peer:
             self._limits.sockets[self._peer] = sock
-        if len(self.connections) > self._limits.max_connections and not self._make_room():
-            log.warning("%d connections open; refusing a new one", len(self.connections))
+        if not self._admitted():
             transport.close()
             return
         self._arm_header_timer()
 
-    def _make_room(self) -> bool:
-        """Closes the oldest connection waiting for request headers."""
-        idle = [c for c in self.connections if isinstance(c, _GuardedH11) and c._between()]
-        idle = [c for c in idle if c is not self]
-        if not idle:
+    def _admitted(self) -> bool:
+        """Room for this connection under both caps, made by closing a slow one if need
+        be. The refusals are logged (rate-limited: see _logs.py), never one a line."""
+        mine = [c for c in self._guarded() if c._client == self._client]
+        if len(mine) >= self._limits.per_client and not self._make_room(mine):
+            log.warning("%d connections open from %s; refusing a new one", len(mine), self._client)
             return False
-        oldest = min(idle, key=lambda c: c._opened)
+        full = len(self.connections) > self._limits.max_connections
+        if full and not self._make_room(self._guarded()):
+            log.warning("%d connections open; refusing a new one", len(self.connections))
+            return False
+        return True
+
+    def _guarded(self) -> list[_GuardedH11]:
+        return [c for c in self.connections if isinstance(c, _GuardedH11) and c is not self]
+
+    def _make_room(self, among: list[_GuardedH11]) -> bool:
+        """Closes the oldest of ``among`` that is waiting for request headers or still
+        receiving a request body; False when none is."""
+        slow = [c for c in among if c._between() or c._receiving()]
+        if not slow:
+            return False
+        oldest = min(slow, key=lambda c: c._opened)
         oldest.transport.close()
         self.connections.discard(oldest)
         return True
@@ -101,6 +143,12 @@ class _GuardedH11(H11Protocol):
     def _between(self) -> bool:
         """No request in progress: waiting for (the rest of) the next headers."""
         return self.cycle is None or bool(self.cycle.response_complete)
+
+    def _receiving(self) -> bool:
+        """A request whose headers are in and whose body is not (nothing is computed
+        for it yet: closing it loses the client nothing it was promised)."""
+        cycle = self.cycle
+        return cycle is not None and bool(cycle.more_body) and not cycle.response_started
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()

@@ -20,7 +20,7 @@ from ..settings import Settings
 from . import _logs
 from ._app import create_app
 from ._notify import notify_when_ready
-from ._protocol import ConnectionLimits, fd_bounded, protocol_class
+from ._protocol import ConnectionLimits, fd_bounded, per_client_bound, protocol_class
 from ._state import Opener
 from ._unix import UnixListener, bind_unix
 
@@ -122,7 +122,9 @@ def _serve(
 ) -> None:
     app = create_app(settings, runtime, opener)
     st = app.state.warmstart
-    limits = ConnectionLimits(fd_bounded(settings.max_connections), settings.header_timeout)
+    most = fd_bounded(settings.max_connections)
+    per_client = per_client_bound(settings.max_connections_per_client, most)
+    limits = ConnectionLimits(most, settings.header_timeout, per_client)
     app.state.peer_sockets = limits.sockets
     config = uvicorn.Config(
         app,
@@ -131,7 +133,7 @@ def _serve(
         log_level=log_level,
         http=protocol_class(limits),
         # Idle keep-alive connections are closed soon; a new request's headers get
-        # header_timeout, its body body_timeout (BodyLimitMiddleware).
+        # header_timeout, its body body_timeout and min_body_rate (BodyLimitMiddleware).
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
         # Requests in progress at most: beyond it uvicorn answers 503 at once. It also
         # counts connections, which the protocol keeps at max_connections: one more.

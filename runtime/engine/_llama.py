@@ -20,7 +20,7 @@ import llama_cpp
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from ..errors import EngineError, ModelError
+from ..errors import Cancelled, EngineError, ModelError
 from . import _native_log
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def _close_llama_cpp_devnull() -> None:
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
 _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0
 _DECODE_NO_SLOT = 1
-DECODE_ABORTED = 2  # llama_decode's code when the abort callback said stop
+ABORTED = 2  # llama_decode and llama_encode: the abort callback said stop
+DECODE_ABORTED = ABORTED
 
 
 def _abort_callback() -> Any:
@@ -383,7 +384,9 @@ class LlamaEmbedder:
 
     Separate from the chat context (which it shares the weights with), so that an
     embedding request never touches a conversation's KV. One text at a time, in one
-    batch: pooling needs all of a sequence's tokens in the same micro-batch."""
+    batch: pooling needs all of a sequence's tokens in the same micro-batch. Such a
+    batch is up to n_ctx tokens (a minute on one busy CPU core), so a ``stop`` set
+    meanwhile aborts it: llama.cpp asks an abort callback between graph nodes."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_threads: int = 0) -> None:
         self.model = model
@@ -395,6 +398,10 @@ class LlamaEmbedder:
             self.ptr = self._context(n_ctx, n_threads, ll.LLAMA_POOLING_TYPE_MEAN)
         self.n_ctx = int(ll.llama_n_ctx(self.ptr))
         self.mem = ll.llama_get_memory(self.ptr)
+        self._stop: threading.Event | None = None  # the running text's
+        # kept as an attribute: llama.cpp holds only the C pointer
+        self._abort = ll.ggml_abort_callback(lambda _data: self._stopped())
+        ll.llama_set_abort_callback(self.ptr, self._abort, None)
         self._batch = ll.llama_batch_init(self.n_ctx, 0, 1)
         # encoder-only models (T5-like) encode; the rest, BERT included, decode
         self._encode = bool(
@@ -414,8 +421,13 @@ class LlamaEmbedder:
             raise EngineError("llama.cpp could not create an embedding context (out of memory?)")
         return ptr
 
-    def embed(self, tokens: list[int]) -> np.ndarray:
-        """The pooled embedding of ``tokens`` (at most n_ctx of them), L2-normalised."""
+    def _stopped(self) -> bool:
+        stop = self._stop
+        return stop is not None and stop.is_set()
+
+    def embed(self, tokens: list[int], stop: threading.Event | None = None) -> np.ndarray:
+        """The pooled embedding of ``tokens`` (at most n_ctx of them), L2-normalised;
+        Cancelled when ``stop`` is set before it is done."""
         if not 0 < len(tokens) <= self.n_ctx:
             raise EngineError(f"{len(tokens)} tokens do not fit the embedding context")
         ll.llama_memory_clear(self.mem, True)
@@ -428,7 +440,13 @@ class LlamaEmbedder:
             batch.logits[i] = 1
         batch.n_tokens = len(tokens)
         run = ll.llama_encode if self._encode else ll.llama_decode
-        ret = run(self.ptr, batch)
+        self._stop = stop
+        try:
+            ret = run(self.ptr, batch)
+        finally:
+            self._stop = None
+        if ret == ABORTED or (ret != 0 and stop is not None and stop.is_set()):
+            raise Cancelled("the embedding was stopped")
         if ret != 0:
             raise EngineError(f"embedding failed with code {ret}")
         ptr = ll.llama_get_embeddings_seq(self.ptr, 0)

@@ -1,0 +1,192 @@
+"""Issue 23's abandoned embeddings and slow bodies on a real ``warmstart serve``
+(SmolLM2-135M), not the fake (whose versions are test_embeddings_limits.py and
+test_slow_bodies.py).
+
+- The request of the report (2,048 texts, 1.78 MiB, some 400,000 tokens) is over
+  MAX_EMBED_TOKENS: a 400 at once, no vector computed.
+- 2,048 texts under the limits are minutes of work; a chat sent meanwhile is
+  answered while the embedding is still counted active, and once the embedding's
+  client leaves the server's CPU time (psutil) shows the core free within 5 s.
+- SIGTERM during a long embedding ends the process promptly, even in the middle of a
+  text of 1,500 tokens (llama.cpp's abort callback).
+- 300 connections from 127.0.0.2 that trickle their bodies leave /health (under 1 s)
+  and chat (near its baseline) answering for 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from warmstart.runtime._embed_queue import MAX_EMBED_TOKENS
+
+from tests.api.conftest import Server, run_server
+from tests.api.slowbody import SlowBodies
+
+pytestmark = pytest.mark.slow
+
+log = logging.getLogger(__name__)
+
+SETTINGS = (
+    "--n-ctx", "2048",
+    "--resident-sequences", "2",
+    "--chunk-tokens", "64",
+    "--ram-pool-bytes", str(256 << 20),
+    "--prewarm-sessions", "0",
+)  # fmt: skip
+START_TIMEOUT_S = 180.0  # loading and calibrating on a fresh data dir, on a busy CPU
+CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+# The report's request: 2,048 texts of about 870 characters (1.78 MiB).
+REPORTED = [
+    f"text {i}: " + "The quick brown fox jumps over the lazy dog. " * 19 for i in range(2048)
+]
+# 2,048 texts of some 26 tokens, 53,000 in all: under the limits, minutes of work here.
+LONG = [f"text {i}: " + "word " * 22 for i in range(2048)]
+# 30 texts of some 1,500 tokens: each one batch of most of a minute on a busy core
+LONG_TEXTS = [f"text {i}: " + "word " * 1500 for i in range(30)]
+
+
+def _command(data_dir: Path, model_path: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
+    return [*cmd, "--data-dir", str(data_dir), "--model", str(model_path), *SETTINGS]
+
+
+def _fd_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+@pytest.fixture(scope="module")
+def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("real-abuse")
+    cmd = _command(data_dir, model_path)
+    with run_server(
+        cmd, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir, preexec_fn=_fd_limit
+    ) as server:
+        yield server
+    text = server.log()
+    assert "Traceback" not in text and "ERROR" not in text, text[-4000:]
+
+
+def _queue(srv: Server) -> dict[str, int]:
+    return dict(httpx.get(srv.v1 + "/warmstart/stats", timeout=30).json()["queue"])
+
+
+def _until(cond: Any, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "condition not reached in time"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def _cpu_share(proc: psutil.Process, window_s: float = 3.0) -> float:
+    """The server's CPU seconds per second over ``window_s`` (1.0: one core)."""
+    before = proc.cpu_times()
+    time.sleep(window_s)
+    after = proc.cpu_times()
+    return (after.user + after.system - before.user - before.system) / window_s
+
+
+def _abandoned(url: str, body: dict[str, Any], after_s: float) -> tuple[threading.Thread, list]:
+    """A request whose client gives up after ``after_s`` seconds; the list gets the
+    moment it left."""
+    left: list[float] = []
+
+    def run() -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(url, json=body, timeout=after_s)
+        left.append(time.monotonic())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, left
+
+
+def test_the_reported_request_is_refused_at_once(real: Server) -> None:
+    t0 = time.monotonic()
+    reply = httpx.post(real.v1 + "/embeddings", json={"input": REPORTED}, timeout=120)
+    assert reply.status_code == 400, reply.text[:500]
+    assert f"at most {MAX_EMBED_TOKENS}" in reply.json()["error"]["message"]
+    log.warning("the reported request: 400 in %.2f s", time.monotonic() - t0)
+    assert _queue(real)["active"] == 0
+
+
+def test_an_abandoned_embedding_frees_the_core_and_chat_is_answered(real: Server) -> None:
+    proc = psutil.Process(real.process.pid)
+    client, left = _abandoned(real.v1 + "/embeddings", {"input": LONG}, after_s=20.0)
+    _until(lambda: _queue(real)["active"] == 1)
+    busy = _cpu_share(proc)
+    t0 = time.monotonic()
+    reply = httpx.post(real.v1 + "/chat/completions", json=CHAT, timeout=120)
+    chat_s = time.monotonic() - t0
+    assert reply.status_code == 200, reply.text
+    assert not left and _queue(real)["active"] >= 1  # answered while the embedding ran
+    client.join(60)
+    _until(lambda: _queue(real)["active"] == 0, timeout=30)
+    freed = time.monotonic() - left[0]
+    assert freed < 5.0, freed
+    time.sleep(max(0.0, left[0] + 5.0 - time.monotonic()))
+    idle = _cpu_share(proc)
+    log.warning(
+        "CPU while embedding %.2f, 5 s after the client left %.2f; not active %.2f s after "
+        "it left; chat %.1f s",
+        busy,
+        idle,
+        freed,
+        chat_s,
+    )
+    assert idle < 0.3, (busy, idle)
+
+
+def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
+    chat = lambda: httpx.post(real.v1 + "/chat/completions", json=CHAT, timeout=60)  # noqa: E731
+    t0 = time.monotonic()
+    assert chat().status_code == 200
+    baseline = time.monotonic() - t0
+    port = int(real.base_url.rsplit(":", 1)[1])
+    worst_health = worst_chat = 0.0
+    with SlowBodies(port, count=300) as attack:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            assert httpx.get(real.base_url + "/health", timeout=5).status_code == 200
+            worst_health = max(worst_health, time.monotonic() - t0)
+            t0 = time.monotonic()
+            assert chat().status_code == 200
+            worst_chat = max(worst_chat, time.monotonic() - t0)
+    log.warning(
+        "under 300 slow bodies (%d connections opened): /health at worst %.3f s; chat "
+        "%.2f s (baseline %.2f s)",
+        attack.opened,
+        worst_health,
+        worst_chat,
+        baseline,
+    )
+    assert attack.opened >= 300  # the attack was at full strength
+    assert worst_health < 1.0
+    assert worst_chat < 3 * baseline + 5.0, (baseline, worst_chat)
+
+
+def test_sigterm_during_a_long_embedding_ends_the_process(model_path: Path, tmp_path: Path) -> None:
+    cmd = _command(tmp_path, model_path)
+    with run_server(cmd, start_timeout_s=START_TIMEOUT_S, log_dir=tmp_path) as srv:
+        client, _ = _abandoned(srv.v1 + "/embeddings", {"input": LONG_TEXTS}, after_s=120.0)
+        _until(lambda: _queue(srv)["active"] == 1)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        srv.process.terminate()
+        srv.process.wait(timeout=60)
+        took = time.monotonic() - t0
+        log.warning("SIGTERM during a long embedding: the process ended in %.2f s", took)
+        assert took < 15.0 and srv.process.returncode == 0, srv.log()[-3000:]
+        client.join(10)
