@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -229,6 +230,7 @@ def _env(server: Server, home: Path) -> dict[str, str]:
 class Setup:
     model: Path
     threads: int
+    warmstart_args: list[str]
     llama_server: Path | None
     hearth: Path | None
 
@@ -246,6 +248,7 @@ def _warmstart(setup: Setup, name: str, calibrate: bool, extra: list[str]) -> Se
             str(setup.model),
             "--port",
             str(port),
+            *setup.warmstart_args,
             *extra,
         ]
 
@@ -260,6 +263,7 @@ def _warmstart(setup: Setup, name: str, calibrate: bool, extra: list[str]) -> Se
                 str(home / "data"),
                 "--model",
                 str(setup.model),
+                *setup.warmstart_args,
             ],
             "warmstart doctor",
         )
@@ -412,6 +416,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.cpu_count() or 1,
         help="llama-server's -t (default: every core, as warmstart uses)",
     )
+    p.add_argument(
+        "--warmstart-args",
+        default="",
+        help="more `warmstart serve` and `doctor` settings, e.g. '--n-threads 1'",
+    )
     p.add_argument("--quick", action="store_true", help="short prompts and a short trace")
     p.add_argument("--no-trace", action="store_true", help="the session scenario only")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the builds are kept")
@@ -450,7 +459,8 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
         except PeerError as exc:
             log.warning("hearth-llm left out: %s", exc)
             args.systems.remove("hearth")
-    return Setup(resolve_model(args.model), args.threads, binary, hearth)
+    extra = shlex.split(args.warmstart_args)
+    return Setup(resolve_model(args.model), args.threads, extra, binary, hearth)
 
 
 def main(argv: list[str] | None = None) -> int:
