@@ -10,10 +10,12 @@
     ├── Busy                     the request queue is full (HTTP 429)
     ├── Cancelled                the client went away or said stop: its generation (or its
     │                            download, whose .part is kept to resume) was stopped
-    └── CacheError               a cache record is corrupt, truncated or foreign
-        └── DiskUnavailable      the cache dir cannot be written (read-only, not ours, damaged);
-            │                    the cache runs from RAM and retries, requests go on
-            └── DiskFull         the cache disk ran out of space (same degradation)
+    ├── CacheError               a cache record is corrupt, truncated or foreign
+    │   └── DiskUnavailable      the cache dir cannot be written (read-only, not ours, damaged);
+    │       │                    the cache runs from RAM and retries, requests go on
+    │       └── DiskFull         the cache disk ran out of space (same degradation)
+    └── PeerError                a server that `bench_peers` compares would not build,
+                                 start or answer
 
 Foreign errors (OSError, sqlite3, llama.cpp return codes) are wrapped where they
 enter with ``raise ... from exc``. The HTTP layer maps these types, never
@@ -88,3 +90,8 @@ class DiskUnavailable(CacheError):
 
 class DiskFull(DiskUnavailable):
     """The cache disk is full; the cache stops writing, requests go on."""
+
+
+class PeerError(WarmstartError):
+    """A server that `bench_peers` compares (llama-server, hearth-llm, warmstart serve)
+    would not build, start or answer; the message says which and why."""

@@ -1,0 +1,369 @@
+"""The client side of `bench_peers`: prompts, one streamed OpenAI request, the session
+scenario, the multi-client trace, percentiles and the tables. No server is started here;
+everything talks to a base URL, so the same code times warmstart, llama-server and
+hearth-llm, and a test runs it against warmstart alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .errors import PeerError
+
+Messages = list[dict[str, str]]
+
+# A generated staff handbook: the benchmark's prompts are the same on every machine and
+# in every run without a text file outside the repository.
+_SUBJECTS = [
+    "a customer",
+    "a supplier",
+    "a colleague",
+    "the night shift",
+    "a new hire",
+    "the auditor",
+    "a delivery driver",
+    "the help desk",
+    "a team lead",
+    "a visitor",
+]
+_EVENTS = [
+    "reports a damaged parcel",
+    "asks for a refund",
+    "misses a deadline",
+    "loses a badge",
+    "finds an error in an invoice",
+    "requests overtime",
+    "sends an angry email",
+    "needs a spare key",
+    "changes a shipping address",
+    "forgets a password",
+]
+_ACTIONS = [
+    "write it in the log",
+    "call the duty manager",
+    "confirm it by email",
+    "open a ticket",
+    "check the previous order",
+    "ask for a photo",
+    "lock the cabinet",
+    "inform the finance team",
+    "update the spreadsheet",
+    "file the form in the blue folder",
+]
+_UNITS = ["minutes", "hours", "working days"]
+QUESTIONS = [
+    "What is KV cache?",
+    "Explain pinned memory.",
+    "Which rule covers refunds?",
+    "Summarise rule 3 in one line.",
+    "What should I do about a lost badge?",
+    "Which rule is the strictest?",
+]
+FOLLOW_UP = "Say that again in one sentence."
+
+
+def document(seed: int, chars: int) -> str:
+    """A deterministic handbook of about `chars` characters (about 4 per token here)."""
+    rng = random.Random(seed)
+    rules: list[str] = [f"Handbook {seed}. Answer from these rules only."]
+    size = len(rules[0])
+    while size < chars:
+        n = len(rules)
+        rule = (
+            f"Rule {n}. When {rng.choice(_SUBJECTS)} {rng.choice(_EVENTS)}, "
+            f"{rng.choice(_ACTIONS)} within {rng.randint(2, 90)} {rng.choice(_UNITS)} "
+            f"and then {rng.choice(_ACTIONS)}."
+        )
+        rules.append(rule)
+        size += len(rule) + 1
+    return "\n".join(rules)
+
+
+def conversation(system: str, question: str, history: Sequence[tuple[str, str]] = ()) -> Messages:
+    msgs = [{"role": "system", "content": system}]
+    for q, a in history:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return [*msgs, {"role": "user", "content": question}]
+
+
+@dataclass(frozen=True)
+class Reply:
+    ttft: float  # seconds from sending the request to the first streamed content
+    decode_tps: float  # tokens/s after the first one (nan when fewer than two)
+    completion_tokens: int
+    prompt_tokens: int
+    cached_tokens: int | None
+    text: str
+
+
+def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900) -> Reply:
+    """One greedy streamed chat completion, timed on the client side."""
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{base_url}/v1/chat/completions", body, {"Content-Type": "application/json"}
+    )
+    started = time.perf_counter()
+    first: float | None = None
+    usage: dict[str, object] = {}
+    text: list[str] = []
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line.endswith("[DONE]"):
+                    continue
+                chunk = json.loads(line[5:])
+                piece = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+                if piece:
+                    first = first if first is not None else time.perf_counter() - started
+                    text.append(piece)
+                usage = chunk.get("usage") or usage
+    except OSError as exc:  # urllib's HTTPError and URLError are OSErrors
+        raise PeerError(f"{base_url}: the request failed: {exc}") from exc
+    return _reply(started, first, usage, "".join(text))
+
+
+def _reply(started: float, first: float | None, usage: dict[str, object], text: str) -> Reply:
+    total = time.perf_counter() - started
+    n = int(usage.get("completion_tokens", 0))  # type: ignore[call-overload]
+    ttft = first if first is not None else total
+    tps = (n - 1) / (total - ttft) if n > 1 and total > ttft else math.nan
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = int(usage.get("prompt_tokens", 0))  # type: ignore[call-overload]
+    return Reply(ttft, tps, n, prompt, cached, text)
+
+
+# the session scenario --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prompts:
+    a: str
+    b: str
+    max_tokens: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Prompts:
+        # ~1,800 tokens of system prompt (the issue's case); --quick: a few hundred
+        chars = 1_200 if quick else 7_400
+        return cls(document(1, chars), document(2, chars), 16 if quick else 64)
+
+
+Step = tuple[str, Callable[[dict[str, Reply]], Messages]]
+
+
+def first_process_steps(p: Prompts) -> list[Step]:
+    """In order: each label's request, given the replies so far. Turn 2 goes out the
+    moment "A after B" ends, whose greedy reply is A's first one."""
+    q1, q2 = QUESTIONS[0], QUESTIONS[1]
+    return [
+        ("A cold", lambda r: conversation(p.a, q1)),
+        ("A repeat", lambda r: conversation(p.a, q1)),
+        ("B cold", lambda r: conversation(p.b, "Summarise the handbook.")),
+        ("A after B", lambda r: conversation(p.a, q1)),
+        ("A turn 2", lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)])),
+        ("A other q", lambda r: conversation(p.a, q2)),
+    ]
+
+
+def restart_steps(p: Prompts) -> list[Step]:
+    q1 = QUESTIONS[0]
+    return [
+        ("A after restart", lambda r: conversation(p.a, q1)),
+        (
+            "A turn 2 after restart",
+            lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)]),
+        ),
+    ]
+
+
+def run_steps(base_url: str, steps: list[Step], max_tokens: int, replies: dict[str, Reply]) -> None:
+    """Send each step in turn, adding its reply to `replies` under its label."""
+    for label, build in steps:
+        replies[label] = ask(base_url, build(replies), max_tokens)
+
+
+def decode_rate(replies: dict[str, Reply], labels: Sequence[str]) -> float:
+    """The median decode tok/s over the replies long enough to time (nan if none)."""
+    rates = [
+        replies[x].decode_tps for x in labels if x in replies and replies[x].completion_tokens >= 8
+    ]
+    return statistics.median(rates) if rates else math.nan
+
+
+# the trace under load --------------------------------------------------------------------
+@dataclass(frozen=True)
+class TracePlan:
+    clients: int
+    chats: int  # per client, each with a system prompt of its own
+    turns: int
+    system_chars: int
+    max_tokens: int
+
+    @classmethod
+    def make(cls, quick: bool) -> TracePlan:
+        # 4 clients x 3 chats: 12 conversations of ~400-token system prompts, more than
+        # the 4 that each server keeps live in the same total context
+        if quick:
+            return cls(clients=4, chats=2, turns=2, system_chars=400, max_tokens=8)
+        return cls(clients=4, chats=3, turns=3, system_chars=1_600, max_tokens=16)
+
+    @property
+    def requests(self) -> int:
+        return self.clients * self.chats * self.turns
+
+
+@dataclass
+class TraceResult:
+    ttfts: list[float] = field(default_factory=list)
+    decode_tps: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+def _client(
+    base_url: str,
+    plan: TracePlan,
+    index: int,
+    out: TraceResult,
+    lock: threading.Lock,
+    start: threading.Barrier,
+) -> None:
+    """One user: turn 1 of each chat, then back to the oldest for turn 2, and so on."""
+    systems = [document(100 + index * plan.chats + c, plan.system_chars) for c in range(plan.chats)]
+    history: list[list[tuple[str, str]]] = [[] for _ in systems]
+    start.wait()
+    for turn in range(plan.turns):
+        for chat, system in enumerate(systems):
+            question = QUESTIONS[(turn + chat + index) % len(QUESTIONS)]
+            try:
+                reply = ask(
+                    base_url, conversation(system, question, history[chat]), plan.max_tokens
+                )
+            except PeerError as exc:
+                with lock:
+                    out.errors.append(str(exc))
+                return
+            history[chat].append((question, reply.text))
+            with lock:
+                out.ttfts.append(reply.ttft)
+                out.completion_tokens += reply.completion_tokens
+                if reply.completion_tokens >= 4:
+                    out.decode_tps.append(reply.decode_tps)
+
+
+def run_trace(base_url: str, plan: TracePlan) -> TraceResult:
+    out, lock = TraceResult(), threading.Lock()
+    start = threading.Barrier(plan.clients + 1)
+    threads = [
+        threading.Thread(target=_client, args=(base_url, plan, i, out, lock, start), daemon=True)
+        for i in range(plan.clients)
+    ]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    out.wall_s = time.perf_counter() - began
+    if out.errors:
+        raise PeerError(f"{base_url}: {len(out.errors)} trace requests failed: {out.errors[0]}")
+    return out
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank percentile (P99 of 36 samples is the largest): nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+# the tables ------------------------------------------------------------------------------
+SCENARIO_ROWS = [
+    ("cold", "A cold"),
+    ("live repeat of the same request", "A repeat"),
+    ("the same chat after another chat", "A after B"),
+    ("turn 2 (whole history + follow-up) sent right after the reply", "A turn 2"),
+    ("same system prompt, another question", "A other q"),
+    ("after a restart: the same request", "A after restart"),
+    ("after a restart: turn 2", "A turn 2 after restart"),
+]
+FIRST_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0))]
+RESTART_LABELS = [label for label, _ in restart_steps(Prompts("", "", 0))]
+
+
+def _cell(value: float | None, unit: str = "s") -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.3f} {unit}" if unit == "s" else f"{value:.1f}"
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    if num is None or den is None or math.isnan(num) or math.isnan(den) or den == 0:
+        return "-"
+    return f"{num / den:.2f}"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def scenario_table(
+    results: dict[str, dict[str, Reply]],
+    systems: Sequence[str],
+    ratio: tuple[str, str] = ("warmstart", "llama-server"),
+) -> str:
+    """Markdown: TTFT per case and system, decode tok/s, and warmstart / llama-server."""
+    shown = [s for s in systems if s in results]
+    with_ratio = all(s in results for s in ratio)
+    header = ["case (TTFT, client side)", *shown]
+    header += [f"{ratio[0]} / {ratio[1]}"] if with_ratio else []
+    rows = []
+    for name, label in SCENARIO_ROWS:
+        vals = {s: results[s][label].ttft if label in results[s] else None for s in shown}
+        row = [name, *(_cell(vals[s]) for s in shown)]
+        rows.append(row + ([_ratio(vals[ratio[0]], vals[ratio[1]])] if with_ratio else []))
+    for name, labels in (
+        ("decode, tok/s (first process)", FIRST_LABELS),
+        ("decode, tok/s (after restart)", RESTART_LABELS),
+    ):
+        vals_d = {s: decode_rate(results[s], labels) for s in shown}
+        row = [name, *(_cell(vals_d[s], "tok/s") for s in shown)]
+        rows.append(row + ([_ratio(vals_d[ratio[0]], vals_d[ratio[1]])] if with_ratio else []))
+    return _markdown(header, rows)
+
+
+def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
+    header = ["trace", *results]
+    stats: list[tuple[str, Callable[[TraceResult], float], str]] = [
+        ("P50 TTFT", lambda r: percentile(r.ttfts, 50), "s"),
+        ("P99 TTFT", lambda r: percentile(r.ttfts, 99), "s"),
+        ("decode, tok/s (median request)", lambda r: percentile(r.decode_tps, 50), "tok/s"),
+        ("tokens/s over the trace", lambda r: r.completion_tokens / r.wall_s, "tok/s"),
+        ("wall time", lambda r: r.wall_s, "s"),
+    ]
+    rows = [[name, *(_cell(fn(r), unit) for r in results.values())] for name, fn, unit in stats]
+    title = (
+        f"{plan.clients} clients x {plan.chats} chats x {plan.turns} turns "
+        f"({plan.requests} requests, {plan.max_tokens}-token replies)"
+    )
+    return title + "\n\n" + _markdown(header, rows)

@@ -1,0 +1,124 @@
+"""bench_peers without llama-server: the pure parts (prompts, percentiles, tables, the
+command line), then the whole benchmark, --quick, against warmstart alone on the real
+model. It prints figures; nothing here asserts a timing."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from warmstart.runtime import _peers, bench_peers
+from warmstart.runtime._peers import Reply, TracePlan, TraceResult
+
+
+def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> None:
+    assert _peers.document(7, 2_000) == _peers.document(7, 2_000)
+    assert _peers.document(7, 2_000) != _peers.document(8, 2_000)
+    assert 2_000 <= len(_peers.document(7, 2_000)) < 2_200
+    quick, full = _peers.Prompts.make(True), _peers.Prompts.make(False)
+    assert quick.a != quick.b and len(full.a) > 4 * len(quick.a)
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 37)]  # 36 requests, as in the trace
+    assert _peers.percentile(values, 50) == 18.0
+    assert _peers.percentile(values, 99) == 36.0
+    assert _peers.percentile([3.0], 99) == 3.0
+    assert math.isnan(_peers.percentile([], 50))
+
+
+def _reply(ttft: float, tps: float = 30.0, n: int = 16) -> Reply:
+    return Reply(ttft, tps, n, 100, 0, "x")
+
+
+def test_the_scenario_table_has_every_case_and_the_ratio() -> None:
+    labels = _peers.FIRST_LABELS + _peers.RESTART_LABELS
+    results = {
+        "llama-server": {x: _reply(1.0) for x in labels},
+        "warmstart": {x: _reply(0.5, tps=15.0) for x in labels},
+        "warmstart-fresh": {x: _reply(0.5) for x in _peers.FIRST_LABELS},
+    }
+    table = _peers.scenario_table(
+        results, ["llama-server", "hearth", "warmstart", "warmstart-fresh"]
+    )
+    lines = table.splitlines()
+    assert lines[0].split("|")[1:-1] == [
+        " case (TTFT, client side) ",
+        " llama-server ",
+        " warmstart ",
+        " warmstart-fresh ",
+        " warmstart / llama-server ",
+    ]  # hearth was left out, so it has no column
+    assert len(lines) == 2 + len(_peers.SCENARIO_ROWS) + 2
+    cold = lines[2].split("|")
+    assert cold[2].strip() == "1.000 s" and cold[-2].strip() == "0.50"
+    restart = next(x for x in lines if x.startswith("| after a restart: turn 2"))
+    assert restart.split("|")[4].strip() == "-"  # the fresh column has no restart
+    decode = next(x for x in lines if "decode, tok/s (first process)" in x)
+    assert decode.split("|")[-2].strip() == "0.50"
+
+
+def test_the_trace_table_shows_the_tail_of_each_system() -> None:
+    plan = TracePlan.make(False)
+    assert plan.requests == 36 and plan.clients * plan.chats > 4  # more than fit live
+    fast = TraceResult([0.1] * 35 + [2.0], [30.0] * 36, 576, 12.0)
+    table = _peers.trace_table({"llama-server": fast, "warmstart": fast}, plan)
+    p99 = next(x for x in table.splitlines() if x.startswith("| P99 TTFT"))
+    assert p99.split("|")[2].strip() == "2.000 s"
+    assert "36 requests" in table
+
+
+def test_an_unknown_system_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_peers.parse_args(["--systems", "warmstart,vllm"])
+    assert exit_.value.code == 2 and "vllm" in capsys.readouterr().err
+
+
+def test_a_missing_llama_server_with_skip_build_says_so(
+    tmp_path: Path, model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench_peers.main(
+        [
+            "--systems",
+            "llama-server",
+            "--skip-build",
+            "--cache",
+            str(tmp_path),
+            "--model",
+            str(model_path),
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "no llama-server at" in err and str(tmp_path) in err
+
+
+def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> None:
+    # the runtime's fake behind the real HTTP API: warmstart serve's own calibration
+    # takes minutes on a loaded 2-core machine, and this is about the benchmark's logic
+    fake = bench_peers.Server(
+        "fake",
+        lambda port, home: [
+            sys.executable,
+            "-m",
+            "warmstart.runtime.api",
+            "--fake",
+            "--port",
+            str(port),
+        ],
+    )
+    prompts, plan = _peers.Prompts.make(True), TracePlan.make(True)
+    replies: dict[str, Reply] = {}
+    with bench_peers.running(fake, tmp_path, "first", bench_peers._env(fake, tmp_path)) as url:
+        _peers.run_steps(url, _peers.first_process_steps(prompts), prompts.max_tokens, replies)
+        _peers.run_steps(url, _peers.restart_steps(prompts), prompts.max_tokens, replies)
+        trace = _peers.run_trace(url, plan)
+    assert set(replies) == set(_peers.FIRST_LABELS + _peers.RESTART_LABELS)
+    assert all(r.text and r.completion_tokens > 0 for r in replies.values())
+    assert replies["A turn 2"].prompt_tokens > replies["A cold"].prompt_tokens
+    assert len(trace.ttfts) == plan.requests and not trace.errors
+    table = _peers.scenario_table({"fake": replies}, ["fake"])
+    assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS)
+    assert "| P99 TTFT |" in _peers.trace_table({"fake": trace}, plan)
