@@ -82,6 +82,7 @@ class Job:
         # request's own prefill (it continues in the same sequence, in the same
         # batches), so it is skipped; the capture of the prompt's chunks is not
         self.preempted = False
+        self.captured = False  # the prompt's chunks are kept (after the reply)
         self.history = history
         self.t0 = time.perf_counter()
 
@@ -138,6 +139,7 @@ class Job:
             if self.env.store is not None and self.promotions:
                 self.env.store.promote(self.promotions)
             leaf = self._keep(res, self.cuts[:-1])
+            self.captured = True
             leaf = (yield from self._settle(res)) or leaf
             self._save_session(leaf, len(res.tokens))
         finally:

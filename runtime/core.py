@@ -112,6 +112,16 @@ def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
     )
 
 
+_WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
+
+
+def _rank(job: Job) -> int:
+    """Which work goes first: a client still waiting, then captures, then the rest."""
+    if not job.background:
+        return _WAITED_ON
+    return _ANSWERED if job.captured else _ANSWERED_UNCAPTURED
+
+
 class LocalRuntime:
     def __init__(
         self,
@@ -392,11 +402,11 @@ class LocalRuntime:
 
     def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
         # work whose client already has its answer (capture, a reply's re-prefill) waits
-        # while any request still has a client waiting
-        for _ in range(len(active)):
-            if not active[0][0].background:
-                break
-            active.rotate(-1)
+        # while any request still has a client waiting; among it, captures come first:
+        # a request that shares a prompt finds its chunks stored sooner, whatever
+        # re-prefills are queued
+        first = min(range(len(active)), key=lambda i: _rank(active[i][0]))
+        active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
         background = job.background and self._mark_background(True)
         try:
