@@ -460,7 +460,10 @@ class LocalRuntime:
 
     def evict_live(self) -> None:
         """Empties every idle resident sequence (their chunks stay in RAM and on disk):
-        the next request for them is served from the store. For benchmarks and tests."""
+        the next request for them is served from the store. For benchmarks and tests.
+        Waits for the work after the replies first: a reply not yet captured holds its
+        sequence, and would stay live (and its chunks would not be stored yet)."""
+        self.wait_idle()
 
         def evict_idle() -> None:
             for res in self.engine.residents:
