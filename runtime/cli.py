@@ -77,6 +77,7 @@ def _check_session_flag(args: argparse.Namespace) -> None:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from .sessions import derived_session_id
     from .types import Message, Request, Sampling
 
     settings = settings_from(args)
@@ -99,7 +100,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 Request(
                     messages=tuple(messages),
                     sampling=sampling,
-                    session_id=args.session,
+                    # the user's own question: listed as a conversation of theirs,
+                    # unlike an API request that names none (kept out of the list)
+                    session_id=args.session or derived_session_id(tuple(messages)),
                     use_cache=not settings.no_cache,
                 )
             )
