@@ -36,13 +36,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ModelError
-from ._smoke import SMOKE_TIMEOUT_S, VerdictCache, _signal_name, machine_key
+from ._smoke import (
+    SMOKE_TIMEOUT_S,
+    VerdictCache,
+    _signal_name,
+    decode_a_few,
+    machine_key,
+    no_core_file,
+)
 
 log = logging.getLogger(__name__)
 
 NO_PINNED_ENV = "GGML_CUDA_NO_PINNED"  # read by ggml-cuda at each host allocation
-_PROMPT_TOKENS = 16
-_STEPS = 3
 
 Setting = Literal["auto", "on", "off"]
 
@@ -246,16 +251,9 @@ def gpu_offload_supported() -> bool:
 def _child(model_path: Path, spec: dict[str, Any]) -> int:
     """Loads ``model_path`` as ``spec`` says and decodes a prompt batch and a few
     single tokens: an offloaded decode can die where the load did not."""
-    import llama_cpp.llama_cpp as ll
-
     from ._llama import LlamaModel
 
-    try:  # a death here is an expected answer, not something to leave a core file for
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except (ImportError, ValueError, OSError):  # Windows has no resource module
-        pass
+    no_core_file()
     choice = LoaderChoice.from_dict({**spec, "reason": ""})
     model = LlamaModel(
         model_path,
@@ -263,24 +261,7 @@ def _child(model_path: Path, spec: dict[str, Any]) -> int:
         extra_buffers=bool(spec.get("extra_buffers")),
         mmap=choice.mmap,
     )
-    params = ll.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 64
-    ctx = ll.llama_init_from_model(model.ptr, params)
-    if not ctx:
-        print("llama.cpp could not create a context", file=sys.stderr)
-        return 1
-    ids = model.tokenize("The loader smoke test decodes. " * 4, add_special=True) * 4
-    ids = ids[:_PROMPT_TOKENS]
-    for step in range(1 + _STEPS):
-        part = ids if step == 0 else ids[step : step + 1]
-        arr = (ll.llama_token * len(part))(*part)
-        ret = ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(part)))
-        if ret != 0:
-            print(f"llama_decode failed with code {ret}", file=sys.stderr)
-            return 1
-    ll.llama_free(ctx)
-    model.close()
-    return 0
+    return decode_a_few(model)
 
 
 if __name__ == "__main__":

@@ -140,24 +140,26 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _child(model_path: Path) -> int:
-    """Loads ``model_path`` with extra buffer types on, all layers on the CPU (where the
-    extra buffer types live), and decodes a prompt batch and a few single tokens with
-    every core: AMX's fault shows only on worker threads."""
-    import llama_cpp.llama_cpp as ll
-
-    from ._llama import LlamaModel
-
-    try:  # a death here is an expected answer, not something to leave a core file for
+def no_core_file() -> None:
+    """A smoke child's death is an expected answer, not something to leave a core for."""
+    try:
         import resource
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, ValueError, OSError):  # Windows has no resource module
         pass
-    model = LlamaModel(model_path, n_gpu_layers=0, extra_buffers=True)
+
+
+def decode_a_few(model: Any, all_cores: bool = False) -> int:
+    """In a smoke child: a small context on ``model`` decodes a prompt batch and a few
+    single tokens (``all_cores``: with every core, where a fault shows only on worker
+    threads). 0 when it passed, 1 (with the reason on stderr) when llama.cpp refused."""
+    import llama_cpp.llama_cpp as ll
+
     params = ll.llama_context_default_params()
     params.n_ctx = params.n_batch = params.n_ubatch = 64
-    params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+    if all_cores:
+        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
     ctx = ll.llama_init_from_model(model.ptr, params)
     if not ctx:
         print("llama.cpp could not create a context", file=sys.stderr)
@@ -175,6 +177,16 @@ def _child(model_path: Path) -> int:
     ll.llama_free(ctx)
     model.close()
     return 0
+
+
+def _child(model_path: Path) -> int:
+    """Loads ``model_path`` with extra buffer types on, all layers on the CPU (where the
+    extra buffer types live), and decodes a prompt batch and a few single tokens with
+    every core: AMX's fault shows only on worker threads."""
+    from ._llama import LlamaModel
+
+    no_core_file()
+    return decode_a_few(LlamaModel(model_path, n_gpu_layers=0, extra_buffers=True), True)
 
 
 # the verdict cache --------------------------------------------------------------------------
