@@ -372,7 +372,7 @@ class Job:
             except WarmstartError as exc:  # a template that cannot render it: settle less
                 log.info("the next turn cannot be rendered (%s); the reply is not kept", exc)
             else:
-                return ids, [*batch_cuts(len(ids), chunk, anchors, tail=0)]
+                return ids, batch_cuts(len(ids), chunk, anchors, tail=0)
         tokens = list(res.tokens)
         return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
 
