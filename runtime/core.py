@@ -450,13 +450,18 @@ class LocalRuntime:
         return fut.result()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Waits until every submitted request has finished, captures and embeddings
-        included."""
+        """Waits until every submitted request has finished, captures, their disk
+        writes and embeddings included."""
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         if not self._idle.wait(timeout):
             return False
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return self._embeds.wait_idle(left)
+        if self.store is not None and not self.store.flush(left()):
+            return False
+        return self._embeds.wait_idle(left())
 
     def evict_live(self) -> None:
         """Empties every idle resident sequence (their chunks stay in RAM and on disk):
@@ -533,6 +538,7 @@ class LocalRuntime:
             }
             mine = [r.key for r in self.store.chain(row.leaf) if r.key not in keep]
             self.store.drop(mine)
+            self.store.flush()  # gone from the disk, too, when the caller hears so
         return self.book.delete(session_id)
 
     def rename_session(self, session_id: str, title: str) -> bool:

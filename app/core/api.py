@@ -248,11 +248,15 @@ class ApiClient:
             raise
 
     def health(self) -> Health:
+        url = f"{self.root_url}/health"
         try:
-            data = self._json("GET", f"{self.root_url}/health", keyed=False)
-        except ServerUnavailable:
-            self._check_port_is_free()
-            raise
+            try:
+                data = self._json("GET", url, keyed=False)
+            except ServerUnavailable:
+                status = self._port_answers()
+                if status is None:
+                    raise  # nobody there either: the port is free for the app's server
+                data = self._socket_again(url, status)
         except ApiError as exc:
             if self._must_verify and exc.status in (401, 403):
                 # warmstart's /health is open: whatever wants a key there is not ours
@@ -273,20 +277,27 @@ class ApiClient:
             raw=data,
         )
 
-    def _check_port_is_free(self) -> None:
-        """Nothing answers on the socket: is another program on the URL's port? Asked
+    def _port_answers(self) -> int | None:
+        """Nothing answered on the socket: is another program on the URL's port? Asked
         without the key (a plain /health), so that the app says so instead of trying
-        to start its server there. The app's own server listens on the socket before
-        the port, so an answer on the port alone is never from it."""
+        to start its server there. The HTTP status of the port's answer, or None."""
         if self._uds is None:
-            return
+            return None
         with httpx.Client(timeout=QUICK_TIMEOUT, trust_env=False) as tcp:
             try:
-                status = tcp.get(f"{self.root_url}/health").status_code
+                return tcp.get(f"{self.root_url}/health").status_code
             except httpx.TransportError:
-                return  # nobody there either: the port is free for the app's server
-        reason = f"another program answers on its port (HTTP {status}), not the app's server"
-        raise UntrustedServer(self.base_url, reason)
+                return None
+
+    def _socket_again(self, url: str, port_status: int) -> Any:
+        """The port answered after the socket refused: the app's own server listens on
+        the socket before the port, so either it had just started (the socket answers
+        now) or another program holds the port."""
+        try:
+            return self._json("GET", url, keyed=False)
+        except ServerUnavailable as exc:
+            reason = f"another program answers on its port (HTTP {port_status})"
+            raise UntrustedServer(self.base_url, f"{reason}, not the app's server") from exc
 
     def models(self) -> list[str]:
         data = self._json("GET", f"{self.base_url}/models")

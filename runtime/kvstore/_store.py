@@ -441,9 +441,12 @@ class TieredStore:
             elif record.doomed and not record.pins:
                 self._forget(record)
 
-    def flush(self) -> None:
-        """Waits until every chunk captured so far is on disk."""
-        self._writes.join()
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every chunk captured so far is on disk and every deletion asked
+        for so far is done; False when ``timeout`` ran out first."""
+        done = self._writes.all_tasks_done
+        with done:
+            return done.wait_for(lambda: not self._writes.unfinished_tasks, timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counts from what is really there: the disk figures come from the blobs on

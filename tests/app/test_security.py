@@ -11,7 +11,9 @@ import socket
 import sqlite3
 import stat
 import sys
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -27,6 +29,7 @@ from warmstart.app.core.types import Finished, Sampling
 from warmstart.app.qt.application import Options, WarmstartApp
 
 from tests.app.impostor import Impostor
+from tests.app.jsonhttp import JSONHandler
 from tests.app.servers import ROOT, free_port
 
 WAIT = 30_000
@@ -134,6 +137,44 @@ def test_an_impostor_that_takes_the_port_when_the_apps_server_dies_gets_nothing(
     finally:
         impostor.stop()
     assert not (app_data / "server.sock").exists()
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_a_server_that_starts_between_the_socket_and_the_port_probe_is_trusted(tmp_path):
+    """The app's server listens on its socket, then on its port. A health poll that
+    finds the socket refused and, a moment later, the port answering has seen the
+    server start: the socket answers when asked again (CI once saw this as refused)."""
+    import socketserver
+
+    class Ours(JSONHandler):
+        def do_GET(self) -> None:
+            self._send(200, {"status": "ok", "model": "ours"})
+
+    class UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    path = str(tmp_path / "server.sock")
+    ours = UnixHTTP(path, Ours, bind_and_activate=False)
+    ours.server_bind()  # bound, not listening yet: a connect is refused
+
+    class StartsTheSocket(JSONHandler):
+        def do_GET(self) -> None:  # the port comes up after the socket
+            ours.server_activate()
+            threading.Thread(target=ours.serve_forever, daemon=True).start()
+            self._send(200, {"status": "ok", "model": "ours"})
+
+    port_side = ThreadingHTTPServer(("127.0.0.1", 0), StartsTheSocket)
+    threading.Thread(target=port_side.serve_forever, daemon=True).start()
+    port = port_side.server_address[1]
+    api = ApiClient(f"http://127.0.0.1:{port}/v1", verify=True, uds=path)
+    try:
+        assert api.health().model == "ours"
+    finally:
+        api.close()
+        port_side.shutdown()
+        port_side.server_close()
+        ours.shutdown()
+        ours.server_close()
 
 
 def test_without_a_socket_the_app_checks_its_server_before_every_keyed_request(
