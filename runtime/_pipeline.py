@@ -95,7 +95,7 @@ class Job:
         try:
             stored = hits[-1].end if hits else 0
             sid = self.report.session_id
-            res, live = engine.claim(self.ids, self.cuts[:-1], sid, share, stored)
+            res, live = engine.claim(self.ids, self.cuts, sid, share, stored)
         except BaseException:
             self._release(hits)
             raise
@@ -108,6 +108,8 @@ class Job:
                 self._release(hits)
             yield
             t1 = time.perf_counter()
+            # the same prompt again, live: its first token comes from the logits kept
+            kept = res.logits if have == len(self.ids) else None
             for ends in self._decodes(have, self.cuts):
                 if self.stream.cancelled:  # the client went away: stop paying for its prompt
                     yield from self._cancelled_in_prefill(res, have)
@@ -116,6 +118,8 @@ class Job:
                 if not engine.prefill(res, self.ids[have : ends[-1]], last, ends):
                     raise EngineError("a prompt's prefill was interrupted")  # never: see core
                 have = ends[-1]
+                if last:
+                    engine.keep_logits(res)
                 if not last:
                     if engine.model.n_swa > 0:
                         # a sliding-window cache keeps only the window's cells in a
@@ -124,11 +128,11 @@ class Job:
                     yield
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
             if self.want_logits:  # the next-token distribution is the answer (tests, bench)
-                self.logits = engine.ctx.logits()
+                self.logits = kept.copy() if kept is not None else engine.ctx.logits()
                 self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
             else:
                 sampler = engine.sampler(self.request.sampling)
-                yield from self._generate(res, sampler)
+                yield from self._generate(res, sampler, kept)
             self.report.total_ms = 1000 * (time.perf_counter() - self.t0)
             # the conversation is listed before its client hears Done; its chunks'
             # key follows once they are captured
@@ -251,16 +255,19 @@ class Job:
         return blobs
 
     # step 2: the reply -----------------------------------------------------------------
-    def _generate(self, res: Resident, sampler) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    def _generate(  # type: ignore[no-untyped-def]
+        self, res: Resident, sampler, kept: np.ndarray | None
+    ) -> Iterator[None]:
         """Streams the reply. A token is always sampled in the same step as the decode
         that produced its logits: the context's logits belong to whichever request
-        decoded last, and other requests run between our steps."""
+        decoded last, and other requests run between our steps. ``kept``: the first
+        token's logits, when the prompt needed no decode."""
         engine, sampling = self.env.engine, self.request.sampling
         text = TextAssembler(sampling.stop)
         budget = min(sampling.max_tokens, self.env.tuning.n_ctx - len(self.ids))
         n = 0
         finish = "length"
-        token, logprob = self._sample(sampler)
+        token, logprob = self._sample(sampler, kept)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         while True:
             if self.stream.cancelled:
@@ -287,11 +294,13 @@ class Job:
         if self.tools is not None and self.tools.active and finish != "cancelled":
             self.reply_message = self.tools.parse(self.reply)
 
-    def _sample(self, sampler: Sampler) -> tuple[int, tuple[TokenLogprob, ...]]:
+    def _sample(
+        self, sampler: Sampler, kept: np.ndarray | None = None
+    ) -> tuple[int, tuple[TokenLogprob, ...]]:
         """The next token, and its log-probability when the request asks for them
         (from the logits the sampler drew from: it leaves them unchanged)."""
         engine, top = self.env.engine, self.request.sampling.logprobs
-        token = sampler.sample(engine.ctx)
+        token = sampler.sample(engine.ctx, kept)
         if top is None:
             return token, ()
         model = engine.model
@@ -299,7 +308,8 @@ class Job:
         def piece(t: int) -> bytes:  # special tokens (end of turn) by their name
             return model.piece(t) or model.token_text(t).encode()
 
-        return token, (token_logprob(engine.ctx.logits(), token, top, piece),)
+        logits = kept if kept is not None else engine.ctx.logits()
+        return token, (token_logprob(logits, token, top, piece),)
 
     # step 3: keep what was computed ----------------------------------------------------------
     def _keep(self, res: Resident, ends: Sequence[int]) -> bytes | None:

@@ -416,8 +416,9 @@ class FakeRuntime:
     def _lookup(self, tokens: list[str]) -> tuple[int, str]:
         """The longest cached prefix of ``tokens`` and its tier; lock held.
 
-        At least one prompt token is always computed: a real engine needs the
-        logits of the last prompt token to start the reply."""
+        At least one prompt token is computed, as a real engine needs the logits of
+        the last prompt token to start the reply, except for the same prompt again
+        while it is live (the real engine keeps the logits its prompt ended with)."""
         best, tier = 0, "live"
         for entry in self._entries.values():
             n = 0
@@ -427,6 +428,8 @@ class FakeRuntime:
                 n += 1
             if n > best:
                 best, tier = n, entry.tier
+        if tier == "live" and best == len(tokens):
+            return best, tier
         return min(best, max(0, len(tokens) - 1)), tier
 
     # -- the worker -------------------------------------------------------------

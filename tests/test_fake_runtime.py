@@ -68,7 +68,7 @@ def test_repeat_restores_from_live(fake: FakeRuntime) -> None:
     _, first = _text(fake.generate(_chat("same question")))
     _, second = _text(fake.generate(_chat("same question")))
     assert first.cached_tokens == 0
-    assert second.restored["live"] == second.prompt_tokens - 1
+    assert second.restored["live"] == second.prompt_tokens
 
 
 def test_validation_errors(fake: FakeRuntime) -> None:

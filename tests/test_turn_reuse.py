@@ -115,11 +115,13 @@ def test_a_tool_loop_sent_at_once_equals_no_cache_and_reuses_when_idle(
         assert cached == _history_tokens(rt, request.messages[:-1], request), (i, cached)
 
 
-def test_a_repeat_after_the_reply_was_kept_decodes_only_the_last_two_tokens(  # type: ignore[no-untyped-def]
+def test_a_repeat_after_the_reply_was_kept_decodes_nothing_before_its_reply(  # type: ignore[no-untyped-def]
     make_runtime, tmp_path
 ) -> None:
     """Keeping the reply for the next turn keeps the prompt's own last batches too (the
-    assistant's opening ends batches in every prompt): a repeat stays a live hit."""
+    assistant's opening ends batches in every prompt), and the sequence keeps the
+    logits its prompt ended with: a repeat is a live hit of the whole prompt, and its
+    first token is drawn from those logits, as the cold run drew it."""
     rt = make_runtime(tmp_path / "cached")
     oracle = make_runtime(tmp_path / "oracle", no_cache=True)
     request = _chat((SYSTEM, Message("user", "Name a colour.")))
@@ -127,4 +129,38 @@ def test_a_repeat_after_the_reply_was_kept_decodes_only_the_last_two_tokens(  # 
     again, cached = _reply(rt, request)
     assert again == first == _reply(oracle, request)[0]
     ids, _ = rt.engine.prompt_ids(request)
-    assert cached == len(ids) - 2, cached
+    assert cached == len(ids), cached
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(max_tokens=8, temperature=0.9, top_k=40, top_p=0.9, seed=7),
+        Sampling(max_tokens=6, logprobs=3),
+        Sampling(max_tokens=8, grammar='root ::= "{" [a-z]+ ":" [0-9]+ "}"'),
+    ],
+    ids=["seeded", "logprobs", "grammar"],
+)
+def test_a_repeat_drawn_from_the_kept_logits_equals_the_cold_reply(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path, sampling
+) -> None:
+    """The first token of a whole-prompt live hit comes from the logits the sequence
+    kept, through the same sampler chain llama.cpp applies to a decode's logits:
+    seeded draws, log-probabilities and grammars give what a cold run gives."""
+    rt = make_runtime(tmp_path / "cached")
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    request = Request(messages=(SYSTEM, Message("user", "Name a colour.")), sampling=sampling)
+    ids, _ = rt.engine.prompt_ids(request)
+
+    def events(runtime) -> tuple[list[object], object]:  # type: ignore[no-untyped-def]
+        out = list(runtime.generate(request))
+        runtime.wait_idle()
+        done = out[-1]
+        assert isinstance(done, Done)
+        return [(e.text, e.logprobs) for e in out[:-1]], done.report  # type: ignore[union-attr]
+
+    cold, _ = events(oracle)
+    first, _ = events(rt)
+    again, report = events(rt)
+    assert sum(report.restored.values()) == len(ids) and report.restored["live"] == len(ids)
+    assert again == first == cold

@@ -90,6 +90,26 @@ class Resident:
     # llama.cpp copies a whole stream at the next decode, over whatever a restore would
     # have loaded before it: no restore into a sequence with a copy pending
     copy_pending: bool = False
+    # the next-token logits computed by the batch that ended at ``logits_at``, while
+    # the KV before it is unchanged: the same prompt again needs no decode at all
+    logits: np.ndarray | None = None
+    logits_at: int = 0
+
+    def forget_logits(self, below: int = 0) -> None:
+        """The KV before ``logits_at`` changes (kept up to ``below`` only)."""
+        if self.logits is not None and below < self.logits_at:
+            self.logits, self.logits_at = None, 0
+
+
+def live_prefix(res: Resident, ids: Sequence[int], cuts: Sequence[int]) -> int:
+    """How much of a prompt ``ids`` (batch ends ``cuts``, the last one ``len(ids)``) the
+    resident ``res`` holds for it. The last batch is recomputed for its logits, unless
+    ``res`` kept those of this very prompt: then the whole of it."""
+    if res.logits is not None and res.logits_at == len(ids):
+        whole = reusable(res.bounds, res.tokens, ids, cuts)
+        if whole == len(ids):
+            return whole
+    return reusable(res.bounds, res.tokens, ids, cuts[:-1])
 
 
 def reusable(
@@ -298,7 +318,8 @@ class Engine:
         stored: int = 0,
     ) -> tuple[Resident, int]:
         """A sequence for a prompt, and how many of its tokens it already holds (a
-        prefix that ends where one of ``cuts`` does). The conversation's own sequence
+        prefix that ends where one of ``cuts`` does, see :func:`live_prefix`: all of
+        them when it holds this prompt's logits). The conversation's own sequence
         continues in place; else an idle one is taken (empty first, then the least
         recently used), and gets the longest reusable live prefix of another by a
         whole-stream copy, unless the store holds a longer prefix (``stored`` tokens),
@@ -306,7 +327,7 @@ class Engine:
         idle = [r for r in self.residents if not r.busy]
         if not idle:
             raise EngineError("no idle sequence")  # the runtime admits at most one per job
-        scored = [(reusable(r.bounds, r.tokens, ids, cuts), r) for r in idle] if share else []
+        scored = [(live_prefix(r, ids, cuts), r) for r in idle] if share else []
         live, best = max(
             scored,
             key=lambda x: (x[0], session is not None and x[1].session == session),
@@ -327,6 +348,7 @@ class Engine:
             if best is not None and live > stored:
                 self.ctx.seq_cp_all(best.seq, res.seq)
                 res.tokens, res.bounds = list(best.tokens), list(best.bounds)
+                res.logits, res.logits_at = best.logits, best.logits_at  # the same KV
                 res.copy_pending = True
             else:
                 live = 0
@@ -355,6 +377,7 @@ class Engine:
             self.ctx.seq_rm(res.seq, n, -1)
         del res.tokens[n:]
         res.bounds = [b for b in res.bounds if b <= n]
+        res.forget_logits(below=n)
 
     def evict(self, res: Resident, counted: bool = True) -> None:
         """Empties ``res``; ``counted``: a conversation pushed out (stats)."""
@@ -362,6 +385,7 @@ class Engine:
             self.ctx.seq_rm(res.seq)
             self.evictions += int(counted)
         res.tokens, res.bounds, res.session = [], [], None
+        res.forget_logits()
 
     # computing ------------------------------------------------------------------------
     def prefill(
@@ -391,6 +415,12 @@ class Engine:
         res.tokens.extend(tokens)
         res.bounds.extend(ends or (len(res.tokens),))
         return True
+
+    def keep_logits(self, res: Resident) -> np.ndarray:
+        """Keeps (and returns) the logits ``res``'s last decode computed, for the same
+        prompt again (:func:`live_prefix`)."""
+        res.logits, res.logits_at = self.ctx.logits(), len(res.tokens)
+        return res.logits
 
     def interrupt(self, stop: bool) -> None:
         """``True``: the decode in progress, and any until ``interrupt(False)``, stops
@@ -435,6 +465,7 @@ class Engine:
         n = bounds[-1]
         if res.copy_pending:
             return False
+        res.forget_logits()
         self._room(_kvblob.assembled_bytes(self.layout, n))
         try:
             size = _kvblob.assemble(chunks, self.layout, self._blob)

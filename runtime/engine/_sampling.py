@@ -10,10 +10,13 @@ from collections.abc import Callable
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from ..errors import RequestError
+from ..errors import EngineError, RequestError
 from ..grammars import check_grammar_text
 from ..types import Sampling, TokenLogprob
 from ._llama import LlamaContext, LlamaModel
+
+# llama_token_data, as numpy sees it: int32 id, float logit, float p
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 # the penalties sampler keeps the last N reply tokens; OpenAI's penalties count the
 # whole reply so far, so the window is the reply's budget, up to this many
@@ -109,9 +112,24 @@ class Sampler:
             )
         )
 
-    def sample(self, ctx: LlamaContext) -> int:
-        """Draws (and accepts) the next token from the last decoded logits."""
-        return int(ll.llama_sampler_sample(self._chain, ctx.ptr, -1))
+    def sample(self, ctx: LlamaContext, logits: np.ndarray | None = None) -> int:
+        """Draws (and accepts) the next token from the last decoded logits, or from
+        ``logits`` kept from an earlier decode: the same steps as llama.cpp's
+        llama_sampler_sample (every token a candidate, in id order, the chain applied,
+        the selected one accepted), so the same logits give the same token."""
+        if logits is None:
+            return int(ll.llama_sampler_sample(self._chain, ctx.ptr, -1))
+        n = logits.size
+        cur = (ll.llama_token_data * n)()
+        view = np.ctypeslib.as_array(cur).view(_TOKEN_DATA)  # fills the array at C speed
+        view["id"], view["logit"], view["p"] = np.arange(n, dtype=np.int32), logits, 0.0
+        arr = ll.llama_token_data_array(cur, n, -1, False)
+        ll.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise EngineError("the sampler selected no token")
+        token = int(arr.data[arr.selected].id)
+        ll.llama_sampler_accept(self._chain, token)
+        return token
 
     def close(self) -> None:
         if self._chain:
