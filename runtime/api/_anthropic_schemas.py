@@ -34,7 +34,7 @@ def _known_block(value: Any) -> Any:
     if isinstance(kind, str) and kind not in _BLOCKS:
         raise PydanticCustomError(
             "unsupported_parameter",
-            "content blocks of type {kind!r} are not supported by warmstart "
+            "content blocks of type '{kind}' are not supported by warmstart "
             "(text, tool_use and tool_result are)",
             {"kind": kind[:64]},
         )
@@ -149,7 +149,7 @@ def _custom_only(value: str) -> str:
     if value != "custom":
         raise PydanticCustomError(
             "unsupported_parameter",
-            "server tools ({kind!r}) are not supported by warmstart; only custom tools are",
+            "server tools ('{kind}') are not supported by warmstart; only custom tools are",
             {"kind": value[:64]},
         )
     return value
