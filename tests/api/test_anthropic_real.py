@@ -78,6 +78,11 @@ def test_text_whole_and_streamed(claude: anthropic.Anthropic) -> None:
     assert "".join(deltas) == whole.content[0].text == final.content[0].text
     assert final.usage.cache_read_input_tokens  # the same prompt again: from the cache
     assert final.usage.output_tokens == whole.usage.output_tokens
+    # a stop sequence from the reply itself: the same greedy reply stops there
+    stop = whole.content[0].text.strip()[:2]
+    cut = claude.messages.create(**GREEDY, **kw, stop_sequences=[stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert stop not in cut.content[0].text
 
 
 def test_tool_round_trip_is_cached_and_equals_no_cache(
