@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError
+from ..grammars import json_schema_grammar
 from ..types import Message, Request, Sampling, Tool, ToolCall
 from ._schemas import FUNCTION_NAME, SESSION_ID, JSONObject, Text, _Body, _only
 
@@ -196,6 +197,16 @@ class ThinkingDisabled(_Body):
     type: Annotated[Text, _only("disabled")]
 
 
+class JSONOutputFormat(_Body):
+    type: Literal["json_schema"]
+    schema_: JSONObject = Field(..., alias="schema", description="a JSON schema of the reply")
+
+
+class OutputConfig(_Body):
+    # the reply is held to the schema by a grammar, as response_format on /v1
+    format: JSONOutputFormat | None = None
+
+
 class _Conversation(_Body):
     """What Messages and count_tokens share: the prompt."""
 
@@ -208,6 +219,7 @@ class _Conversation(_Body):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingDisabled | None = None
     cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None  # shapes the reply only, not the prompt
 
     def _system_text(self) -> str | None:
         system = self.system
@@ -266,6 +278,7 @@ class MessagesRequest(_Conversation):
             top_k=self.top_k,
             max_tokens=self.max_tokens,
             stop=tuple(s for s in self.stop_sequences or () if s),
+            grammar=self._grammar(),
         )
         hint = self.metadata.user_id if self.metadata else None
         return Request(
@@ -274,6 +287,12 @@ class MessagesRequest(_Conversation):
             session_id=session_id or hint,
             **self._tool_fields(),
         )
+
+    def _grammar(self) -> str | None:
+        fmt = self.output_config.format if self.output_config else None
+        if fmt is None:
+            return None
+        return json_schema_grammar(fmt.schema_, "output_config.format.schema")
 
 
 class CountTokensRequest(_Conversation):

@@ -6,6 +6,7 @@ Anthropic's shape, the key and Host/Origin rules, and every field honoured or re
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -144,6 +145,13 @@ def test_stop_sequences_name_the_one_that_stopped(claude: anthropic.Anthropic) -
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 1
 
 
+def test_output_config_format_holds_the_reply_to_a_schema(claude: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    fmt: Any = {"format": {"type": "json_schema", "schema": schema}}
+    reply = _create(claude, output_config=fmt)
+    assert isinstance(json.loads(reply.content[0].text)["text"], str)
+
+
 def test_a_forced_tool_call_and_its_result(claude: anthropic.Anthropic, server: Server) -> None:
     messages = _ask()
     call = _create(claude, messages=messages, tools=TOOLS, tool_choice={"type": "any"})
@@ -217,6 +225,8 @@ def test_errors_are_in_anthropics_shape(claude: anthropic.Anthropic, server: Ser
         ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
         ({"stop_sequences": ["x"] * 17}, "stop_sequences"),
         ({"metadata": {"user_id": "a/b"}}, "metadata.user_id"),
+        ({"output_config": {"effort": "low"}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "x"}}}}, "schema"),
     ],
 )
 def test_bad_requests_are_refused_by_name(
@@ -280,11 +290,11 @@ HONOURED: dict[str, Any] = {
     "metadata": {"user_id": "walk-user"},
     "cache_control": {"type": "ephemeral", "ttl": "5m"},
     "thinking": {"type": "disabled"},
+    "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
 }
 REFUSED: dict[str, Any] = {
     "container": "c1",
     "inference_geo": "us",
-    "output_config": {"effort": "low"},
     "service_tier": "auto",
     "speed": "fast",
 }
