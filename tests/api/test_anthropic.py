@@ -353,3 +353,28 @@ def test_every_block_and_tool_field_is_honoured_or_refused(server: Server) -> No
         {**TOOLS[0], "type": "custom", "strict": True, "cache_control": {"type": "ephemeral"}}
     ]
     assert _post(server, _body(tools=custom)).status_code == 200
+
+
+def test_a_claude_code_shaped_request_is_served(server: Server) -> None:
+    """What an agent CLI sends: system blocks with breakpoints, cached tools, a user
+    id, streaming, beta headers and query."""
+    body = _body(
+        max_tokens=16,
+        stream=True,
+        temperature=1,
+        system=[
+            {"type": "text", "text": "You are a coding agent."},
+            {"type": "text", "text": "Be terse.", "cache_control": {"type": "ephemeral"}},
+        ],
+        tools=[{**TOOLS[0], "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        metadata={"user_id": f"user_{uuid.uuid4().hex}_session_{uuid.uuid4()}"},
+    )
+    body["messages"][0]["content"] = [
+        {"type": "text", "text": "Fix the bug.", "cache_control": {"type": "ephemeral"}}
+    ]
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "prompt-caching-2024-07-31"}
+    url = server.v1 + "/messages?beta=true"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        names = [line for line in response.iter_lines() if line.startswith("event: ")]
+    assert names[-1] == "event: message_stop"
