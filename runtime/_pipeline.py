@@ -289,6 +289,7 @@ class Job:
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
+        self.report.stop_sequence = text.matched
         # cut short, the turn keeps what its reader took (was shown), not what was decoded
         self.reply = self.stream.delivered if finish == "cancelled" else text.text
         if self.tools is not None and self.tools.active and finish != "cancelled":

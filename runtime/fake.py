@@ -112,15 +112,17 @@ def logprob_of(word: str, top: int) -> TokenLogprob:
     return TokenLogprob(word, word.encode(), logprob, top_list)
 
 
-def _cut(text: str, sampling: Any) -> tuple[list[str], str]:
-    """Applies stop strings then max_tokens; returns the tokens and the finish reason."""
+def _cut(text: str, sampling: Any) -> tuple[list[str], str, str | None]:
+    """Applies stop strings then max_tokens; returns the tokens, the finish reason and
+    the stop string that ended the text (None: none did)."""
+    matched = None
     for stop in sampling.stop:
         if stop and stop in text:
-            text = text[: text.index(stop)]
+            text, matched = text[: text.index(stop)], stop
     tokens = tokenize(text)
     if len(tokens) > sampling.max_tokens:
-        return tokens[: sampling.max_tokens], "length"
-    return tokens, "stop"
+        return tokens[: sampling.max_tokens], "length", None
+    return tokens, "stop", matched
 
 
 @dataclass
@@ -500,7 +502,9 @@ class FakeRuntime:
         text = reply_text(job.request)
         if self.reply_words:
             text = " ".join([text.strip()] * (self.reply_words // max(len(text.split()), 1) + 1))
-        job.reply, report.finish_reason = _cut(text, job.request.sampling)  # type: ignore[assignment]
+        job.reply, report.finish_reason, report.stop_sequence = _cut(  # type: ignore[assignment]
+            text, job.request.sampling
+        )
         job.report = report
 
     def _finish(self, job: _Job, reason: str) -> bool:

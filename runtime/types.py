@@ -110,6 +110,8 @@ class Report:
     decision: str = ""
     session_id: str | None = None
     trimmed_messages: int = 0  # earliest turns left out so the conversation fits
+    # the stop string (of Sampling.stop) that ended the reply; None: any other end
+    stop_sequence: str | None = None
 
     @property
     def cached_tokens(self) -> int:

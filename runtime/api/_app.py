@@ -7,7 +7,8 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ..service import Runtime
 from ..settings import Settings
-from . import _embeddings, _errors, _ollama, _openai, _warmstart
+from . import _anthropic, _embeddings, _errors, _ollama, _openai, _warmstart
+from ._anthropic_stream import AnthropicErrorMiddleware
 from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import (
@@ -31,7 +32,8 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     model switches to it: the app then owns whichever runtime is loaded
     (``app.state.warmstart.runtime``), and closes the one it replaces.
 
-    Middleware, outermost first: Ollama's error shape on /api/ routes, the Host and
+    Middleware, outermost first: Anthropic's error shape on /v1/messages, Ollama's
+    on /api/ routes, the Host and
     Origin guard (403 before anything else, see _guard.py), CORS (only when
     ``settings.cors_origins``, so a preflight needs no key), request counting, API key
     (only when ``settings.api_key``; before the body is read), body size limit, a
@@ -46,6 +48,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     app.include_router(_openai.build_router())
     app.include_router(_embeddings.build_router())
     app.include_router(_ollama.build_router())  # the Ollama dialect, same runtime and guards
+    app.include_router(_anthropic.build_router())  # Anthropic's Messages API, the same
     if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
         app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
@@ -65,10 +68,18 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "X-Warmstart-Session"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-Warmstart-Session",
+                "X-Api-Key",
+                "Anthropic-Version",
+                "Anthropic-Beta",
+            ],
         )
     policy = HostPolicy(settings.host, settings.allowed_hosts)
     app.add_middleware(HostGuardMiddleware, policy=policy, cors_origins=settings.cors_origins)
     # outermost: every error of an /api/ route, the guards' too, in Ollama's shape
     app.add_middleware(OllamaErrorMiddleware)
+    app.add_middleware(AnthropicErrorMiddleware)  # and those of /v1/messages in Anthropic's
     return app

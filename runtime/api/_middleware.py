@@ -29,24 +29,30 @@ async def send_error(send: Send, status: int, body: dict, headers: list | None =
 
 
 class AuthMiddleware:
-    """Requires ``Authorization: Bearer <api_key>`` on every path but OPEN_PATHS."""
+    """Requires ``Authorization: Bearer <api_key>`` on every path but OPEN_PATHS, or
+    ``x-api-key: <api_key>``, the header Anthropic's clients send."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        # compare_digest: the time taken must not reveal how much of the key matched.
-        if hmac.compare_digest(given, self._expected):
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
+        other = headers.get(b"x-api-key", b"")
+        # compare_digest: the time taken must not reveal how much of the key matched;
+        # both are compared, so neither header's presence shortens the time either.
+        bearer_ok = hmac.compare_digest(given, self._expected)
+        if hmac.compare_digest(other, self._key) | bearer_ok:
             await self.app(scope, receive, send)
             return
-        message = "missing API key" if not given else "incorrect API key"
+        message = "missing API key" if not (given or other) else "incorrect API key"
         body = error_body(
-            f"{message}: send 'Authorization: Bearer <key>'",
+            f"{message}: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
             "authentication_error",
             code="invalid_api_key",
         )

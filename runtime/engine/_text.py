@@ -18,6 +18,7 @@ class TextAssembler:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
         self.text = ""  # everything emitted so far
 
     def feed(self, data: bytes) -> str:
@@ -27,7 +28,7 @@ class TextAssembler:
         for stop in self._stops:
             idx = self._held.find(stop)
             if idx >= 0:
-                self.stopped = True
+                self.stopped, self.matched = True, stop
                 return self._emit(self._held[:idx], rest="")
         keep = self._longest_stop_prefix_suffix()
         cut = len(self._held) - keep

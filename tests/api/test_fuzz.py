@@ -46,6 +46,8 @@ GENERATING = {
     "POST /api/chat",
     "POST /api/generate",
     "POST /api/embed",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
 }
 
 

@@ -21,7 +21,15 @@ def test_stop_string_is_cut_and_never_emitted_even_across_tokens() -> None:
     assert asm.flush() == "" and asm.text == "abc "
 
 
+def test_the_stop_string_that_matched_is_named() -> None:
+    asm = TextAssembler(("zz", "END"))
+    asm.feed(b"the EN")
+    assert asm.matched is None
+    asm.feed(b"D")
+    assert asm.matched == "END"
+
+
 def test_held_back_prefix_is_released_when_it_is_not_a_stop() -> None:
     asm = TextAssembler(("STOP",))
     assert asm.feed(b"ST") == "" and asm.feed(b"ART") == "START"
-    assert not asm.stopped
+    assert not asm.stopped and asm.matched is None
