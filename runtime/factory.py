@@ -9,7 +9,7 @@ import logging
 import shutil
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +94,8 @@ class _CalibrationTarget:
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]:
         return self._get().time_state_roundtrip(n_tokens)
 
-    def batch_invariant(self, unit: int, units: int) -> bool:
-        return self._get().batch_invariant(unit, units)
+    def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
+        return self._get().invariant_units(total, units)
 
     def close(self) -> None:
         if self._engine is not None:

@@ -526,20 +526,29 @@ class Engine:
     def batch_invariant(self, unit: int, units: int) -> bool:
         """Do tokens prefilled as one batch of ``unit * units`` get the KV bytes they get
         in batches of ``unit``? (After a short prefix, so attention has history.)"""
-        ids = self.model.tokenize("Batch shapes and rounding. " * (units * unit), add_special=False)
-        ids = ids[: 16 + unit * units]
-        res, chunks = self.residents[self._probe_seq()], []
-        for split in ([unit * units], [unit] * units):
+        return unit in self.invariant_units(unit * units, (unit,))
+
+    def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
+        """Those of ``units`` (each dividing ``total``) in batches of which tokens get
+        the KV bytes that one batch of ``total`` gives them."""
+        ids = self.model.tokenize("Batch shapes and rounding. " * total, add_special=False)
+        ids = ids[: 16 + total]
+        res = self.residents[self._probe_seq()]
+
+        def kv(batch: int) -> np.ndarray:
             self.evict(res)
             self.prefill(res, ids[:16], want_logits=False)
-            for n in split:
-                self.prefill(res, ids[len(res.tokens) : len(res.tokens) + n], want_logits=False)
-            out = np.empty(self.blob_bytes(unit * units), dtype=np.uint8)
+            while len(res.tokens) < len(ids):
+                self.prefill(res, ids[len(res.tokens) : len(res.tokens) + batch], False)
+            out = np.empty(self.blob_bytes(total), dtype=np.uint8)
             self.cut(self.snapshot(res.seq), 16, len(res.tokens), out)
-            chunks.append(out)
+            return out
+
+        whole = kv(total)
+        same = tuple(u for u in units if np.array_equal(kv(u), whole))
         self.evict(res)
         self.evictions = 0
-        return bool(np.array_equal(chunks[0], chunks[1]))
+        return same
 
     def close(self, close_model: bool = True) -> None:
         self.ctx.close()

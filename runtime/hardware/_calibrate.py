@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,15 +33,18 @@ log = logging.getLogger(__name__)
 
 # 3: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode
 # (2 was a development format that kept a byte count instead). 4: batch invariance
-# (merge_unit, merge_max) is measured too.
-FORMAT_VERSION = 4
+# (merge_unit, merge_max) is measured too. 5: for every chunk size policy may pick
+# under MERGE_MAX (merge_units), not for 64-token chunks only.
+FORMAT_VERSION = 5
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
 _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
-# chunks of MERGE_UNIT tokens may be prefilled MERGE_UNITS at a time where that gives
-# the same KV bits (a CPU's kernels may pick another path for another batch size)
-MERGE_UNIT, MERGE_UNITS = 64, 4
+# whole chunks of these sizes may be prefilled together, up to MERGE_MAX tokens a
+# batch, where that gives the same KV bits (a CPU's kernels may pick another path
+# for another batch size); MERGE_MAX is llama.cpp's default micro-batch, as
+# llama-server prefills. Each size is checked against one batch of MERGE_MAX.
+MERGE_SIZES, MERGE_MAX = (64, 128), 512
 CALIBRATION_FILE_BYTES = 64 * MiB
 # a spinning disk's figures: unmeasured, the disk tier must not look better than it is
 ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
@@ -57,8 +60,8 @@ class CalibrationTarget(Protocol):
     the scratch sequence with ``n`` tokens, then returns the real KV blob
     (``llama_state_seq_get_data``), the seconds the get took and the seconds
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
-    ``batch_invariant(unit, units)``: whether tokens prefilled as one batch of
-    ``unit * units`` get the same KV bytes as prefilled in batches of ``unit``.
+    ``invariant_units(total, units)``: those of ``units`` in batches of which tokens
+    get the same KV bytes as prefilled in one batch of ``total``.
     ``kv_bytes_per_token`` and ``kv_layout`` (the per-cell layout of each KV cache
     as plain JSON-able data, ``None`` when not known) are read after the timings, so
     a target may measure them on the context it made for them.
@@ -72,7 +75,7 @@ class CalibrationTarget(Protocol):
 
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]: ...
 
-    def batch_invariant(self, unit: int, units: int) -> bool: ...
+    def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,8 @@ class Calibration:
     d2h_pinned_gbps: float | None = None
     d2h_pageable_gbps: float | None = None
     # a token's KV has the same bits in one batch of merge_max tokens as in batches of
-    # merge_unit (0: not so on this machine, or not measured)
-    merge_unit: int = 0
+    # each of merge_units (empty: not so on this machine, or not measured)
+    merge_units: tuple[int, ...] = ()
     merge_max: int = 0
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
@@ -145,6 +148,7 @@ class Calibration:
         """Inverse of :meth:`to_dict`; raises KeyError/TypeError on a malformed dict."""
         fields = {k: v for k, v in data.items() if k != "prefill_tps"}
         fields["zstd"] = tuple(ZstdPoint(**p) for p in fields.get("zstd", ()))
+        fields["merge_units"] = tuple(int(u) for u in fields.get("merge_units", ()))
         if fields.get("kv_layout") is not None:
             fields["kv_layout"] = tuple(dict(c) for c in fields["kv_layout"])
         return cls(**fields)
@@ -209,7 +213,7 @@ def calibrate(
     say("KV state get/set", 0.45)
     blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
     say("batch invariance", 0.6)
-    merge = MERGE_UNIT * MERGE_UNITS if target.batch_invariant(MERGE_UNIT, MERGE_UNITS) else 0
+    merge_units = target.invariant_units(MERGE_MAX, MERGE_SIZES)
     say("RAM copy", 0.65)
     ram = ram_copy_gbps()
     say("host<->device copies", 0.7)
@@ -243,8 +247,8 @@ def calibrate(
         h2d_pageable_gbps=link.get("h2d_pageable"),
         d2h_pinned_gbps=link.get("d2h_pinned"),
         d2h_pageable_gbps=link.get("d2h_pageable"),
-        merge_unit=MERGE_UNIT if merge else 0,
-        merge_max=merge,
+        merge_units=merge_units,
+        merge_max=MERGE_MAX if merge_units else 0,
         seconds=time.perf_counter() - started,
         measured_at=time.time(),
     )

@@ -325,19 +325,20 @@ def _prewarm(p: _Picks, rates: Rates, kvb: int) -> tuple[int, str]:
 
 
 def _merge(calibration: Calibration | None, chunk: int) -> tuple[int, str]:
-    if calibration is None or not calibration.merge_unit:
+    if calibration is None or not calibration.merge_units:
         why = (
             "not measured"
             if calibration is None
             else ("this machine's kernels give a token other KV bits in a larger batch")
         )
         return 0, f"{why}: every prefill batch is one chunk"
-    unit, most = calibration.merge_unit, calibration.merge_max
-    if chunk != unit:
-        return 0, f"chunks of {chunk} tokens: merging was verified for {unit}-token chunks only"
+    units, most = calibration.merge_units, calibration.merge_max
+    if chunk not in units:
+        sizes = ", ".join(str(u) for u in units)
+        return 0, f"chunks of {chunk} tokens: merging was verified for {sizes}-token chunks only"
     return most, (
-        f"measured: a {most}-token batch gives each token the KV bits of {unit}-token "
-        f"batches here, so whole chunks are prefilled {most // unit} at a time"
+        f"measured: a {most}-token batch gives each token the KV bits of {chunk}-token "
+        f"batches here, so whole chunks are prefilled {most // chunk} at a time"
     )
 
 

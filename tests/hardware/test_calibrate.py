@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -51,9 +52,9 @@ class FakeTarget:
         blob = kv.tobytes()
         return blob, len(blob) / 1e9, 0.0001 + len(blob) / (self.set_gbps * 1e9)
 
-    def batch_invariant(self, unit: int, units: int) -> bool:
-        self.calls.append(("invariance", unit * units))
-        return True
+    def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
+        self.calls.append(("invariance", total))
+        return tuple(units)
 
 
 @pytest.fixture(autouse=True)

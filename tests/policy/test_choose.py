@@ -291,9 +291,9 @@ def test_whole_chunks_merge_only_where_measured_and_for_the_measured_size() -> N
     laptop = MACHINES["laptop"]
     measured = calibration_for(laptop)
     chunk = choose(laptop, measured, LLAMA_8B, load_settings()).chunk_tokens
-    same = replace(measured, merge_unit=chunk, merge_max=4 * chunk)
+    same = replace(measured, merge_units=(chunk // 2, chunk), merge_max=4 * chunk)
     assert choose(laptop, same, LLAMA_8B, load_settings()).merge_batch_tokens == 4 * chunk
-    other = replace(measured, merge_unit=chunk * 2, merge_max=8 * chunk)
+    other = replace(measured, merge_units=(chunk * 2,), merge_max=8 * chunk)
     t = choose(laptop, other, LLAMA_8B, load_settings())
     assert t.merge_batch_tokens == 0 and "verified" in t.reasons["merge_batch_tokens"]
     never = choose(laptop, measured, LLAMA_8B, load_settings())
