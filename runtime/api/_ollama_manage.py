@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
 from .. import pull as _pull
-from ..errors import ModelNotFound
+from ..errors import ModelNotFound, WarmstartError
 from ..installed import installed_paths
 from ..models import KNOWN, ModelManager
 from ._errors import APIError, unsupported
@@ -155,7 +155,23 @@ class _Progress:
 
 
 async def _pull_items(st: AppState, name: str) -> AsyncGenerator[dict[str, Any], None]:
-    """Ollama's progress objects of one pull, the last a success or an error."""
+    """Ollama's progress objects of one pull, the last a success or an error. One
+    pull of a name at a time: two would write the same ``.part``."""
+    with st.pulls_lock:
+        busy = name in st.pulls
+        st.pulls.add(name)
+    if busy:
+        yield {"error": f"{name} is being pulled already; try again once that pull ends"}
+        return
+    try:
+        async for item in _pulled(st, name):
+            yield item
+    finally:
+        with st.pulls_lock:
+            st.pulls.discard(name)
+
+
+async def _pulled(st: AppState, name: str) -> AsyncGenerator[dict[str, Any], None]:
     manager = ModelManager(st.settings.models_dir)
     progress = _Progress(_digest(manager, name))
     yield {"status": "pulling manifest"}
@@ -172,10 +188,13 @@ async def _pull_items(st: AppState, name: str) -> AsyncGenerator[dict[str, Any],
     finally:
         progress.watch.cancel.set()  # a client that left stops the download at its next block
     if isinstance(item, BaseException):
-        log.info("pull of %s failed: %s", name, item)
+        if isinstance(item, WarmstartError):  # offline, refused, a bad checksum: said below
+            log.info("pull of %s failed: %s", name, item)
+        else:
+            log.error("pull of %s failed", name, exc_info=item)
         yield {"error": str(item)}
         return
-    yield {"status": "verifying sha256 digest"}
+    yield {"status": "verifying sha256 digest"}  # done by the pull before it kept the file
     yield {"status": "success"}
 
 

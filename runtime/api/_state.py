@@ -80,6 +80,8 @@ class AppState:
     served_ctx: dict[Path, int] = field(default_factory=dict)  # n_ctx each model got here
     loading: str | None = None  # the model being switched to (or unloaded)
     unloaded: bool = False  # keep_alive ran out: ``runtime`` is closed until a request reopens it
+    pulls: set[str] = field(default_factory=set)  # models /api/pull is downloading now
+    pulls_lock: threading.Lock = field(default_factory=threading.Lock)
     _limiter: anyio.CapacityLimiter | None = None
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _users: int = 0  # requests between choosing the runtime and submitting to it

@@ -311,6 +311,32 @@ def test_pull_offline_ends_with_one_error_line(
         client.pull(f"hf:{REPO}/tiny.gguf")
 
 
+def test_one_pull_of_a_name_at_a_time_and_a_left_pull_resumes(
+    setup: Setup, hub: Hub, tmp_path: Path, client: ollama.Client
+) -> None:
+    data = tiny_model(tmp_path / "tiny.gguf").read_bytes() + bytes(3 << 20)
+    hub.add_hub_file(REPO, "tiny.gguf", data)
+    hub.stall_after = 1 << 20  # the first download hangs after 1 MiB
+    body = {"model": f"hf:{REPO}/tiny.gguf"}
+    with httpx.stream("POST", setup.url + "/api/pull", json=body, timeout=60) as first:
+        lines = first.iter_lines()
+        while "completed" not in json.loads(next(lines)):
+            pass
+        second = httpx.post(setup.url + "/api/pull", json=body, timeout=30).text.splitlines()
+        assert len(second) == 1 and "being pulled already" in json.loads(second[0])["error"]
+    hub.release.set()  # the hub lets the first connection go; its pull ends, cancelled
+    deadline = time.monotonic() + 20
+    while True:  # the first pull's name is released once it ended
+        try:
+            last = client.pull(body["model"])
+            break
+        except ollama.ResponseError as exc:
+            assert "being pulled already" in str(exc) and time.monotonic() < deadline
+            time.sleep(0.1)
+    assert last.status == "success"
+    assert hub.ranges[-1] is not None and hub.ranges[-1].startswith("bytes=")  # resumed
+
+
 @pytest.mark.parametrize(
     "body,status,says",
     [
