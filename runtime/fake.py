@@ -3,7 +3,8 @@
 ``FakeRuntime`` implements :class:`runtime.service.Runtime` exactly, so the HTTP API,
 the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
-- Tokens are whitespace-led words of a fixed chat rendering of the messages.
+- Tokens are whitespace-led words of a fixed chat rendering of the messages;
+  ``tokenize`` gives each word an id the first time it meets it.
 - With ``Sampling.logprobs``, each reply word carries a pretend log-probability
   (the most likely of its alternatives, as a greedy draw's would be). A grammar
   cannot be followed without a model: it makes the reply the JSON object
