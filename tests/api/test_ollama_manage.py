@@ -311,6 +311,30 @@ def test_pull_offline_ends_with_one_error_line(
         client.pull(f"hf:{REPO}/tiny.gguf")
 
 
+def test_a_catalogue_name_is_pulled_and_checked_against_its_digest(
+    client: ollama.Client, hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from warmstart.runtime import catalogue, installed, models
+
+    data = tiny_model(tmp_path / "tiny.gguf").read_bytes() + bytes(1 << 20)
+    sha = hub.add_hub_file(REPO, "tiny-q4.gguf", data)
+    entries = catalogue.load_catalogue()
+    base = entries["qwen2.5-0.5b"]
+    entries["tiny"] = replace(
+        base, name="tiny", repo=REPO, revision="main", file="tiny-q4.gguf", sha256=sha
+    )
+    for module in (models, installed):
+        monkeypatch.setattr(module, "load_catalogue", lambda: entries)
+    lines = list(client.pull("tiny:latest", stream=True))
+    assert lines[-1].status == "success"
+    assert {p.digest for p in lines if p.total} == {f"sha256:{sha}"}
+    assert "tiny:latest" in {m.model for m in client.list().models}
+    entries["tiny"] = replace(entries["tiny"], file="tiny-bad.gguf", sha256="0" * 64)
+    hub.add_hub_file(REPO, "tiny-bad.gguf", data)
+    with pytest.raises(ollama.ResponseError, match="is not the expected 0000"):
+        client.pull("tiny")
+
+
 def test_one_pull_of_a_name_at_a_time_and_a_left_pull_resumes(
     setup: Setup, hub: Hub, tmp_path: Path, client: ollama.Client
 ) -> None:
