@@ -271,6 +271,28 @@ class LocalRuntime:
         self._check_room()
         return len(self.engine.prompt_ids(request)[0])
 
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
+        # only the vocabulary is read (fixed once loaded): safe off the worker thread
+        self._check_open()
+        return self.engine.model.tokenize(text, add_special, parse_special)
+
+    def pieces(self, ids: Sequence[int]) -> list[bytes]:
+        self._check_open()
+        model = self.engine.model
+        for token in ids:
+            if not 0 <= token < model.n_vocab:
+                message = (
+                    f"tokens: {token} is not a token id of this model (0 to {model.n_vocab - 1})"
+                )
+                raise RequestError(message, param="tokens")
+        return [model.piece(token, special=True) for token in ids]
+
+    def _check_open(self) -> None:
+        if self._closing:  # the model's memory is freed: never read it
+            raise EngineError("the model was unloaded; send the request again")
+
     def generate(self, request: Request) -> Stream:
         return self._submit(request, want_logits=False)[0]
 

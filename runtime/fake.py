@@ -3,7 +3,8 @@
 ``FakeRuntime`` implements :class:`runtime.service.Runtime` exactly, so the HTTP API,
 the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
-- Tokens are whitespace-led words of a fixed chat rendering of the messages.
+- Tokens are whitespace-led words of a fixed chat rendering of the messages;
+  ``tokenize`` gives each word an id the first time it meets it.
 - With ``Sampling.logprobs``, each reply word carries a pretend log-probability
   (the most likely of its alternatives, as a greedy draw's would be). A grammar
   cannot be followed without a model: it makes the reply the JSON object
@@ -177,6 +178,7 @@ class FakeRuntime:
         self.reply_words = reply_words  # every reply this long (tests of slow readers)
         self._caps = {"live": slots, "ram": ram_sessions, "disk": disk_sessions}
         self._entries: dict[str, _Entry] = {}
+        self._vocab: dict[str, int] = {}  # word -> id, as tokenize() meets them
         self._clock = 0
         self._counters: collections.Counter[str] = collections.Counter()
         self._waiting: collections.deque[_Job] = collections.deque()
@@ -207,6 +209,23 @@ class FakeRuntime:
 
     def count_tokens(self, request: Request) -> int:
         return len(tokenize(render(request)))
+
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
+        """Each word (with its leading whitespace) gets an id the first time it is seen;
+        the fake has no special tokens."""
+        with self._cond:
+            return [self._vocab.setdefault(word, len(self._vocab)) for word in tokenize(text)]
+
+    def pieces(self, ids: Sequence[int]) -> list[bytes]:
+        with self._cond:
+            words = list(self._vocab)
+        for token in ids:
+            if not 0 <= token < len(words):
+                message = f"tokens: {token} is not a token id of this model (0 to {len(words) - 1})"
+                raise RequestError(message, param="tokens")
+        return [words[token].encode() for token in ids]
 
     def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]:
         needle = search.strip().casefold()

@@ -47,6 +47,11 @@ class Runtime(Protocol):
       turn counted among the waiting requests (Busy when ``max_queue`` wait) and is
       active while computed; ``stop`` set, or cancel_all(), ends it before its next
       text with Cancelled. Its vectors name ``embedding_model_id``.
+    - ``tokenize(text, add_special, parse_special)`` returns the model's token ids of
+      ``text`` (``add_special``: with the BOS/EOS the model adds; ``parse_special``:
+      control tokens written in the text are read as such); ``pieces(ids)`` returns each
+      id's bytes (control tokens as their text), raising RequestError (param
+      ``tokens``) for an id outside the vocabulary. Both are cheap, off the queue.
     - ``cancel_all()`` ends every reply in progress as cancelled (a server shutting
       down); each stream still ends with its Done. Embeddings end with Cancelled.
     - ``wait_idle(timeout)`` waits until every submitted request has finished;
@@ -62,6 +67,12 @@ class Runtime(Protocol):
     def generate(self, request: Request) -> Stream: ...
 
     def count_tokens(self, request: Request) -> int: ...
+
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]: ...
+
+    def pieces(self, ids: Sequence[int]) -> list[bytes]: ...
 
     def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]: ...
 

@@ -147,3 +147,14 @@ def test_a_request_without_a_session_is_kept_but_not_listed(runtime: Runtime) ->
     hidden = next(s for s in every if s.anonymous)
     found = runtime.session(hidden.id)
     assert found is not None and found.messages[1].content == "An anonymous question."
+
+
+def test_tokenize_and_pieces_round_trip(runtime: Runtime) -> None:
+    text = "Hello world, again and again"
+    ids = runtime.tokenize(text)
+    assert ids and ids == runtime.tokenize(text)
+    assert b"".join(runtime.pieces(ids)).decode() == text
+    assert len(runtime.tokenize(text, add_special=True)) >= len(ids)
+    with pytest.raises(RequestError) as bad:
+        runtime.pieces([10**9])
+    assert bad.value.param == "tokens"

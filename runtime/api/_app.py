@@ -7,7 +7,16 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ..service import Runtime
 from ..settings import Settings
-from . import _anthropic, _embeddings, _errors, _ollama, _openai, _warmstart
+from . import (
+    _anthropic,
+    _embeddings,
+    _errors,
+    _ollama,
+    _ollama_manage,
+    _openai,
+    _tokenize,
+    _warmstart,
+)
 from ._anthropic_stream import AnthropicErrorMiddleware
 from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
@@ -48,6 +57,8 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     app.include_router(_openai.build_router())
     app.include_router(_embeddings.build_router())
     app.include_router(_ollama.build_router())  # the Ollama dialect, same runtime and guards
+    app.include_router(_ollama_manage.build_router())  # its pull, delete, copy
+    app.include_router(_tokenize.build_router())  # llama-server's /tokenize, /detokenize
     app.include_router(_anthropic.build_router())  # Anthropic's Messages API, the same
     if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
         app.include_router(_warmstart.build_router())

@@ -25,7 +25,7 @@ def served_models(st: AppState) -> list[ServedModel]:
     loaded = ServedModel(
         st.model_name,
         describe(st.model_name, st.model_path, st.metadata) if st.model_path else None,
-        True,
+        not st.unloaded,  # keep_alive may have unloaded it
         st.runtime.n_ctx,
         (digests.known(st.model_path) or "") if st.model_path else "",
     )

@@ -17,8 +17,10 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import ContextOverflow
 from ..service import Runtime
+from ..types import Report
 from ..types import Request as RuntimeRequest
 from . import _embeddings
+from . import _ollama_manage as manage
 from . import _ollama_models as models
 from ._errors import APIError, from_runtime
 from ._ollama_schemas import (
@@ -30,13 +32,13 @@ from ._ollama_schemas import (
 from ._ollama_stream import NDJSONResponse, OllamaShape, now
 from ._openai import SessionHeader, _peer_socket
 from ._schemas import DEFAULT_MAX_TOKENS
-from ._sse import collect
+from ._sse import gather
 from ._state import ERRORS, AppState, state
 
 # The Ollama release whose API this dialect follows; clients check it for features.
 OLLAMA_API_VERSION = "0.12.0"
-# How long /api/ps says the model stays loaded: warmstart unloads it only to switch
-# to another model a request names.
+# How long /api/ps says the model stays loaded when no keep_alive set a time: until a
+# switch to another model a request names.
 _FOREVER_S = 10 * 365 * 24 * 3600
 
 
@@ -88,31 +90,40 @@ async def _generate(
         empty, param = not body.prompt, "prompt"
         _check_size(st, 1, body.text_chars(), param)
     draft = body.to_request(session, 1)  # refuses what is unsupported before any work
+    keep = manage.check_keep_alive(st, body.keep_alive_s)
     # the named model, loaded first when another one is (as Ollama does)
     wanted = models.untagged(body.model) or None
     runtime, name = await anyio.to_thread.run_sync(st.acquire, wanted, limiter=st.limiter)
-    shape = OllamaShape(kind, models.tag_name(name))
+    shape = OllamaShape(kind, models.tag_name(name), tools=draft.uses_tools)
+    stream = None
     try:
-        if empty:  # Ollama's way to load a model: done above
-            return JSONResponse(shape.loaded())
-        req = body.to_request(session, await _limit(st, runtime, body.num_predict, draft))
-        stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+        if not empty:
+            req = body.to_request(session, await _limit(st, runtime, body.num_predict, draft))
+            stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
     except ContextOverflow as exc:
         raise from_runtime(exc, param) from exc
     finally:
         st.release()  # submitted (or refused): a switch may close this runtime now
+    if stream is None:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
+        manage.after_reply(st, keep)
+        return JSONResponse(shape.loaded("unload" if keep == 0 else "load"))
+
+    def done(report: Report) -> None:
+        st.metrics.observe(report)
+        manage.after_reply(st, keep)
+
     if body.stream:
         return NDJSONResponse(
             stream,
             shape,
             st.limiter,
-            on_done=st.metrics.observe,
+            on_done=done,
             send_timeout=st.settings.send_timeout,
             sock=_peer_socket(request),
         )
-    text, report = await collect(request, stream, st.limiter)
-    st.metrics.observe(report)
-    return JSONResponse(shape.final(text, report))
+    reply = await gather(request, stream, st.limiter)
+    done(reply.report)
+    return JSONResponse(shape.final(reply.text, reply.report, reply.turn if shape.tools else None))
 
 
 def _show(st: AppState, name: str) -> dict[str, Any]:
@@ -130,14 +141,14 @@ def _show(st: AppState, name: str) -> dict[str, Any]:
                     "general.parameter_count": entry.parameters,
                     f"{arch}.context_length": entry.context_length,
                 },
-                "capabilities": ["completion", "embedding"],
+                "capabilities": ["completion", "tools", "embedding"],
                 "modified_at": models.timestamp(entry.modified),
             }
     raise APIError(404, f"model '{name}' not found", param="model", code="model_not_found")
 
 
 def _ps(st: AppState) -> dict[str, Any]:
-    until = models.timestamp(time.time() + _FOREVER_S)
+    until = models.timestamp(st.expiry.due or time.time() + _FOREVER_S)
     out = []
     for entry in models.installed_models(st):
         if entry.loaded:
@@ -167,7 +178,7 @@ def build_router() -> APIRouter:
 
     @router.get("/ps")
     def running(request: Request) -> dict[str, Any]:
-        """The loaded model (unloaded only by a switch to another one)."""
+        """The loaded model, and until when keep_alive keeps it (none once unloaded)."""
         return _ps(state(request))
 
     @router.post("/show", responses=ERRORS)
@@ -195,7 +206,10 @@ def build_router() -> APIRouter:
         """Normalised embeddings of one text or a list of texts."""
         started = time.monotonic()
         name = models.untagged(body.model) or None
+        st = state(request)
+        keep = manage.check_keep_alive(st, body.keep_alive_s)
         result = await _embeddings.embed(request, name, body.texts())
+        manage.after_reply(st, keep)
         return {
             "model": models.tag_name(result.model),
             "embeddings": [list(v) for v in result.vectors],

@@ -12,27 +12,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .._embed_queue import MAX_EMBED_INPUTS
+from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling
 from ._errors import unsupported
+from ._keep_alive import KeepAliveValue, keep_alive_seconds
+from ._ollama_body import Body as _Body
+from ._ollama_tools import CALL_ID, OllamaTool, OllamaToolCall, call_of
 from ._schemas import SESSION_ID, JSONObject, Text
 
 # Ollama's own defaults when a request gives no option (its documented Modelfile values).
 OLLAMA_TEMPERATURE = 0.8
 OLLAMA_TOP_P = 0.9
-
-
-class _Body(BaseModel):
-    # "allow" so that unknown fields can be named in the refusal (see refuse_extras)
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    def refuse_extras(self, prefix: str = "") -> None:
-        for name, value in (self.model_extra or {}).items():
-            if value is not None:  # null asks for nothing
-                raise unsupported(prefix + name)
 
 
 class Options(_Body):
@@ -73,18 +67,45 @@ class Options(_Body):
 
 
 class OllamaMessage(_Body):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: Text = ""
     images: list[Any] | None = Field(None, description="refused unless empty")
-    tool_calls: list[Any] | None = Field(None, description="refused unless empty")
+    tool_calls: Annotated[list[OllamaToolCall], Field(max_length=128)] | None = Field(
+        None, description="on an assistant turn: the calls it made"
+    )
+    tool_name: Annotated[Text, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="on a tool turn: the function whose result it is"
+    )
+    tool_call_id: CALL_ID | None = Field(None, description="on a tool turn: the call it answers")
     thinking: Text | None = Field(None, description="refused unless empty")
 
     def to_message(self, index: int) -> Message:
-        self.refuse_extras(f"messages.{index}.")
-        for name in ("images", "tool_calls", "thinking"):
+        where = f"messages.{index}."
+        self.refuse_extras(where)
+        for name in ("images", "thinking"):
             if getattr(self, name):
-                raise unsupported(f"messages.{index}.{name}")
-        return Message(role=self.role, content=self.content)
+                raise unsupported(where + name)
+        if self.tool_calls and self.role != "assistant":
+            raise RequestError(
+                f"{where}tool_calls: only an assistant message may carry tool_calls",
+                where + "tool_calls",
+            )
+        for name in ("tool_name", "tool_call_id"):
+            if getattr(self, name) is not None and self.role != "tool":
+                raise RequestError(f"{where}{name}: only a tool message has it", where + name)
+        calls = tuple(
+            call_of(c, f"{where}tool_calls.{i}") for i, c in enumerate(self.tool_calls or ())
+        )
+        return Message(
+            role=self.role,
+            content=self.content,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=self.tool_name,
+        )
+
+    def text_chars(self) -> int:
+        return len(self.content) + sum(len(c.arguments_text()) for c in self.tool_calls or ())
 
 
 class _Generating(_Body):
@@ -96,8 +117,10 @@ class _Generating(_Body):
     format: Text | JSONObject | None = Field(
         None, description='"json" or a JSON schema: the reply is held to it by a grammar'
     )
-    keep_alive: Text | float | None = Field(
-        None, description="the model always stays loaded; 0 (unload now) is refused"
+    keep_alive: KeepAliveValue = Field(
+        None,
+        description="how long the model stays loaded after this reply: seconds or a "
+        'duration ("5m"); 0 unloads it after the reply, negative: for good (the default)',
     )
     think: bool | Text | None = Field(None, description="refused unless false")
     logprobs: bool | None = Field(None, description="refused unless false")
@@ -113,8 +136,6 @@ class _Generating(_Body):
             raise unsupported("think", "the model runs without a thinking mode")
         if self.logprobs or self.top_logprobs:
             raise unsupported("logprobs" if self.logprobs else "top_logprobs")
-        if str(self.keep_alive).strip() in ("0", "0.0", "0s", "0m", "0h"):
-            raise unsupported("keep_alive", "warmstart keeps its one model loaded")
 
     def sampling(self, max_tokens: int) -> Sampling:
         options = self.options or Options.model_validate({})
@@ -129,25 +150,32 @@ class _Generating(_Body):
     def num_predict(self) -> int | None:
         return self.options.num_predict if self.options else None
 
+    @property
+    def keep_alive_s(self) -> float | None:
+        """keep_alive in seconds (None: not given; inf: for good)."""
+        return keep_alive_seconds(self.keep_alive)
+
 
 class OllamaChatRequest(_Generating):
     messages: list[OllamaMessage] = Field(
         default_factory=list, description="the conversation; empty: only 'load' the model"
     )
-    tools: list[Any] | None = Field(None, description="refused unless empty")
+    tools: Annotated[list[OllamaTool], Field(max_length=128)] | None = Field(
+        None, description="functions the model may call (it chooses: Ollama has no tool_choice)"
+    )
 
     def text_chars(self) -> int:
-        return sum(len(m.content) for m in self.messages)
+        tools = sum(t.schema_chars() for t in self.tools or ())
+        return sum(m.text_chars() for m in self.messages) + tools
 
     def to_request(self, session_id: str | None, max_tokens: int) -> Request:
-        if self.tools:
-            raise unsupported("tools", "tool calling is not available on /api yet")
         self.check_common()
         messages = tuple(m.to_message(i) for i, m in enumerate(self.messages))
         return Request(
             messages=messages,
             sampling=self.sampling(max_tokens),
             session_id=session_id or self.user,
+            tools=tuple(t.to_tool(i) for i, t in enumerate(self.tools or ())),
         )
 
 
@@ -196,8 +224,12 @@ class OllamaEmbedRequest(_Body):
     )
     truncate: bool | None = Field(None, description="refused when true: too long is a 400")
     options: JSONObject | None = Field(None, description="refused unless empty")
-    keep_alive: Text | float | None = None
+    keep_alive: KeepAliveValue = Field(None, description="as on /api/chat")
     dimensions: int | None = Field(None, description="refused (the model's own size only)")
+
+    @property
+    def keep_alive_s(self) -> float | None:
+        return keep_alive_seconds(self.keep_alive)
 
     def texts(self) -> list[str]:
         self.refuse_extras()

@@ -1,9 +1,10 @@
 """The Ollama dialect's wire details: reply bodies, NDJSON streaming, the error shape.
 
 Ollama streams one JSON object per line (``application/x-ndjson``): a line per
-token, then a last line with ``done: true``, the timings (nanoseconds) and here
-warmstart's cache report (``cached_tokens``, ``x_warmstart``). Its errors are
-``{"error": "message"}``, a string where OpenAI has an object.
+token (a reply with tools: one line with its text and calls), then a last line
+with ``done: true``, the timings (nanoseconds) and here warmstart's cache report
+(``cached_tokens``, ``x_warmstart``). Its errors are ``{"error": "message"}``, a
+string where OpenAI has an object.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any, Literal
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..types import Done, Report, Stream, Token
+from ..types import Done, Report, Stream, Token, ToolCall
+from ..types import Message as ChatMessage
+from ._ollama_tools import tool_calls_json
 from ._sse import SSEResponse, events
 
 log = logging.getLogger(__name__)
@@ -52,30 +55,37 @@ def done_reason(report: Report) -> str:
 
 @dataclass
 class OllamaShape:
-    """Builds the bodies of one reply; ``kind`` chooses /api/chat or /api/generate."""
+    """Builds the bodies of one reply; ``kind`` chooses /api/chat or /api/generate.
+    ``tools``: the reply is read back as text and tool calls, so it is streamed once
+    whole (its raw text may be the JSON of a call), as on /v1."""
 
     kind: Literal["chat", "generate"]
     model: str
+    tools: bool = False
 
-    def part(self, text: str) -> dict[str, Any]:
+    def part(self, text: str, calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "created_at": now()}
         if self.kind == "chat":
             body["message"] = {"role": "assistant", "content": text}
+            if calls:
+                body["message"]["tool_calls"] = tool_calls_json(calls)
         else:
             body["response"] = text
         body["done"] = False
         return body
 
-    def final(self, text: str, report: Report) -> dict[str, Any]:
-        """The last line of a stream (``text`` empty) or the whole reply."""
-        body = self.part(text)
+    def final(self, text: str, report: Report, reply: ChatMessage | None = None) -> dict[str, Any]:
+        """The last line of a stream (``text`` empty) or the whole reply (``reply``:
+        the output read back as text and calls, when tools were offered)."""
+        body = self.part(reply.content, reply.tool_calls) if reply is not None else self.part(text)
         body.update(done=True, done_reason=done_reason(report), **timings(report))
         return body
 
-    def loaded(self) -> dict[str, Any]:
-        """Ollama's answer to an empty prompt: the model is loaded, nothing generated."""
+    def loaded(self, reason: Literal["load", "unload"] = "load") -> dict[str, Any]:
+        """Ollama's answer to an empty prompt: the model is loaded (or, with
+        keep_alive 0, unloaded), nothing generated."""
         body = self.part("")
-        body.update(done=True, done_reason="load")
+        body.update(done=True, done_reason=reason)
         return body
 
 
@@ -92,9 +102,13 @@ async def ndjson_lines(
     try:
         async for event in events(stream, limiter):
             if isinstance(event, Token):
-                yield _line(shape.part(event.text))
+                if not shape.tools:
+                    yield _line(shape.part(event.text))
             elif isinstance(event, Done):
                 on_done(event.report)
+                if shape.tools and event.reply is not None:
+                    reply = event.reply
+                    yield _line(shape.part(reply.content, reply.tool_calls))
                 yield _line(shape.final("", event.report))
     except Exception as exc:  # the status line is sent: Ollama's clients read an error line
         log.error("generation failed mid-stream: %s", exc, exc_info=exc)

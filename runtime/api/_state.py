@@ -7,6 +7,10 @@ finish (then are cancelled), the runtime is closed (its disk tier flushed) and t
 named model opened. Each model's KV chunks are keyed by its fingerprint, so a model
 switched back to finds its cache on disk. Requests for different models queue on
 the switch; none fails because another model is loading.
+
+Ollama's ``keep_alive`` unloads the model the same way (_keep_alive.py): once the
+replies in progress and their cache writes are done the runtime is closed, and the
+next request that needs it opens it again and restores its conversations from disk.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..models import ModelManager
 from ..service import Runtime
 from ..settings import Settings
 from ._errors import APIError, error_body
+from ._keep_alive import Expiry
 from ._metrics import Metrics
 from ._schemas import ErrorResponse
 
@@ -73,7 +78,10 @@ class AppState:
     model_name: str = ""  # the loaded model's name (default: the runtime's model_id)
     metadata: MetadataCache = field(default_factory=MetadataCache)
     served_ctx: dict[Path, int] = field(default_factory=dict)  # n_ctx each model got here
-    loading: str | None = None  # the model being switched to
+    loading: str | None = None  # the model being switched to (or unloaded)
+    unloaded: bool = False  # keep_alive ran out: ``runtime`` is closed until a request reopens it
+    pulls: set[str] = field(default_factory=set)  # models /api/pull is downloading now
+    pulls_lock: threading.Lock = field(default_factory=threading.Lock)
     _limiter: anyio.CapacityLimiter | None = None
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _users: int = 0  # requests between choosing the runtime and submitting to it
@@ -82,6 +90,7 @@ class AppState:
         self.model_name = self.model_name or self.runtime.model_id
         if self.model_path is not None:
             self.served_ctx[self.model_path] = self.runtime.n_ctx
+        self.expiry = Expiry(self.unload)
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:
@@ -125,12 +134,17 @@ class AppState:
             with self._cv:
                 while self.loading is not None:
                     self._cv.wait()
-                if want is None or want == self.model_name:
+                same = want is None or want == self.model_name
+                if same and not self.unloaded:
                     self._users += 1
                     return self.runtime, self.model_name
-                self.loading = want
+                target = self.model_name if same or want is None else want
+                self.loading = target
             try:
-                self._switch(want)
+                if same:
+                    self._reopen()
+                else:
+                    self._switch(target)
             finally:
                 with self._cv:
                     self.loading = None
@@ -154,7 +168,7 @@ class AppState:
         """The loaded runtime, or None while a switch is closing or opening one (for
         readers that must not wait, such as a metrics scrape)."""
         with self._cv:
-            return None if self.loading is not None else self.runtime
+            return None if self.loading is not None or self.unloaded else self.runtime
 
     def load(self, name: str) -> float:
         """Makes ``name`` the loaded model; the milliseconds it took (0 when it was)."""
@@ -177,21 +191,73 @@ class AppState:
             self._cv.wait_for(lambda: self._users == 0, timeout=wait_s)
         old, old_path = self.runtime, self.model_path
         log.info("switching model: %s -> %s", self.model_name, name)
-        if not old.wait_idle(wait_s):
+        if not self.unloaded and not old.wait_idle(wait_s):
             log.warning("replies still running after %.1f s: cancelled for the switch", wait_s)
             old.cancel_all()
         old.close()
         try:
             new = self.opener(path)
         except Exception:
-            if old_path is not None:  # keep serving what was served
+            if old_path is not None and not self.unloaded:  # keep serving what was served
                 self.runtime = self.opener(old_path)
             raise
         self.runtime, self.model_path, self.model_name = new, path, name
         self.served_ctx[path] = new.n_ctx
+        self.unloaded = False
+
+    # keep_alive: unloading and reopening the loaded model ---------------------------------
+    @property
+    def can_unload(self) -> bool:
+        """Whether this server can open its model again once unloaded (it knows the
+        file and has an opener; a fake runtime has neither)."""
+        return self.opener is not None and self.model_path is not None
+
+    def begin_unload(self) -> bool:
+        """Marks the loaded model as being unloaded, at once: requests from now on
+        wait for the unload, then reopen it. False when there is nothing to unload
+        (or a switch is under way); finish_unload() follows a True."""
+        with self._cv:
+            if not self.can_unload or self.unloaded or self.loading is not None:
+                return False
+            self.loading = self.model_name
+            return True
+
+    def finish_unload(self) -> None:
+        """Closes the runtime once the replies in progress are done and their cache
+        written to disk (the next request restores it from there). Replies still
+        running after switch_wait_s keep the model loaded: keep_alive never cuts one."""
+        wait_s = self.settings.switch_wait_s
+        try:
+            with self._cv:  # requests that chose this runtime submit within milliseconds
+                self._cv.wait_for(lambda: self._users == 0, timeout=wait_s)
+            if not self.runtime.wait_idle(wait_s):
+                log.info("keep_alive: replies still running; %s stays loaded", self.model_name)
+                return
+            self.runtime.close()  # flushes the disk tier
+            self.unloaded = True
+            log.info("keep_alive: %s unloaded", self.model_name)
+        finally:
+            with self._cv:
+                self.loading = None
+                self._cv.notify_all()
+
+    def unload(self) -> bool:
+        """Unloads the loaded model now (keep_alive ran out); whether it was."""
+        if not self.begin_unload():
+            return False
+        self.finish_unload()
+        return self.unloaded
+
+    def _reopen(self) -> None:
+        """Opens the model keep_alive unloaded."""
+        assert self.opener is not None and self.model_path is not None
+        log.info("opening %s again (unloaded by keep_alive)", self.model_name)
+        self.runtime = self.opener(self.model_path)
+        self.unloaded = False
 
     def close(self) -> None:
         """Closes the loaded runtime (the server is stopping)."""
+        self.expiry.close()
         self.runtime.close()
 
 

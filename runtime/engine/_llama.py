@@ -163,12 +163,14 @@ class LlamaModel:
             raise EngineError(f"tokenization failed ({n})")
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The token's bytes; ``special``: a control token's own text (``<|im_end|>``)
+        where a reply shows nothing."""
         buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
     def token_text(self, token: int) -> str:

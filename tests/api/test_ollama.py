@@ -102,9 +102,12 @@ def test_streamed_last_line_carries_the_report(server: Server) -> None:
         ({"options": {"mirostat": 1}}, "options.mirostat"),
         ({"options": {"num_ctx": 4096}}, "options.num_ctx"),
         ({"format": "yaml"}, "format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
+            "tools.0.function.strict",
+        ),
         ({"think": True}, "think"),
-        ({"keep_alive": 0}, "keep_alive"),
+        ({"keep_alive": 0}, "keep_alive"),  # the fake server cannot open its model again
         ({"mystery": 1}, "mystery"),
     ],
 )
@@ -120,9 +123,8 @@ def test_unsupported_fields_are_refused_by_name(
 def _why(param: str) -> str:
     reasons = {
         "format": ': give "json" or a JSON schema',
-        "tools": ": tool calling is not available on /api yet",
         "think": ": the model runs without a thinking mode",
-        "keep_alive": ": warmstart keeps its one model loaded",
+        "keep_alive": ": this server cannot open its model again once unloaded (no model file)",
     }
     return reasons.get(param, "")
 

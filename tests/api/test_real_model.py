@@ -51,15 +51,20 @@ QUESTIONS = (
 
 
 @contextlib.contextmanager
-def real_server(model: Path, data_dir: Path, *args: str) -> Iterator[Server]:
-    """``warmstart serve`` on the real model and a free loopback port, stopped after.
+def real_server(
+    model: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``warmstart serve`` on the real model and a free loopback port, stopped after
+    (``env``: variables to add, such as a hub imitation's HF_ENDPOINT).
 
     Any traceback or error in its log fails the test that owns it: the API hides
     a failure that happens after the reply (capturing chunks, saving the session)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
     cmd += ["--data-dir", str(data_dir), "--model", str(model), *SETTINGS]
-    with run_server(cmd, *args, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir) as server:
+    with run_server(
+        cmd, *args, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir, env=env
+    ) as server:
         yield server
     log = server.log()
     assert "Traceback" not in log and "ERROR" not in log, log
