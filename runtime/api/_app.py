@@ -7,7 +7,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ..service import Runtime
 from ..settings import Settings
-from . import _embeddings, _errors, _ollama, _openai, _warmstart
+from . import _embeddings, _errors, _ollama, _openai, _responses, _warmstart
 from ._guard import HostGuardMiddleware, HostPolicy
 from ._metrics import Metrics
 from ._middleware import (
@@ -44,6 +44,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     app.state.warmstart = st
     _errors.install(app)
     app.include_router(_openai.build_router())
+    app.include_router(_responses.build_router())  # OpenAI's Responses API
     app.include_router(_embeddings.build_router())
     app.include_router(_ollama.build_router())  # the Ollama dialect, same runtime and guards
     if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
