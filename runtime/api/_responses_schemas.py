@@ -167,9 +167,12 @@ class StreamOptions(_Body):
 
 class ResponsesRequest(_Body):
     model: Text | None = Field(None, description="the loaded model's id or 'default'")
-    input: Text | Annotated[list[InputItem], Field(min_length=1, max_length=100_000)] = Field(
-        ..., description="a user message, or a list of input items"
-    )
+    input: Annotated[
+        Annotated[Text, Tag("a text")]
+        | Annotated[list[InputItem], Field(min_length=1, max_length=100_000), Tag("a list")],
+        # one arm's errors only: what is wrong in an item, not "not a string" as well
+        Discriminator(lambda v: "a text" if isinstance(v, str) else "a list"),
+    ] = Field(..., description="a user message, or a list of input items")
     instructions: Text | None = Field(None, description="the system message (not carried on)")
     previous_response_id: ID | None = Field(
         None, description="continue the conversation of a stored response"
