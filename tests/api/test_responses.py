@@ -245,3 +245,56 @@ def test_json_output_follows_text_format(client: openai.OpenAI) -> None:
     reply = _create(client, text={"format": {"type": "json_object"}})
     assert isinstance(json.loads(reply.output_text), dict)
     assert reply.text is not None and reply.text.format.type == "json_object"
+
+
+# field -> a value warmstart honours (the request must succeed); every other field of
+# the openai package's own request type must be refused by name
+HONOURED: dict[str, Any] = {
+    "model": "default",
+    "include": [],
+    "instructions": "Be brief.",
+    "max_output_tokens": 4,
+    "metadata": {"k": "v"},
+    "parallel_tool_calls": False,
+    "prompt_cache_key": "walk-key",
+    "store": False,
+    "stream_options": {"include_obfuscation": False},
+    "temperature": 0.5,
+    "text": {"format": {"type": "text"}},
+    "tool_choice": "none",
+    "tools": TOOLS,
+    "top_p": 0.9,
+    "truncation": "auto",
+    "user": "walk-user",
+    "background": False,
+}
+REFUSED_VALUES: dict[str, Any] = {
+    "background": True,
+    "include": ["reasoning.encrypted_content"],
+    "truncation": "disabled",
+    "stream_options": {"include_obfuscation": True},
+}
+
+
+def test_every_field_of_the_openai_client_is_honoured_or_refused(
+    server: Server, client: openai.OpenAI
+) -> None:
+    from openai.types.responses import response_create_params as params
+
+    earlier = _create(client).id
+    fields = set(params.ResponseCreateParamsBase.__annotations__) - {"input"}
+    for field in sorted(fields):
+        if field == "previous_response_id":
+            assert _post(server, {"input": "Hi", field: earlier}).status_code == 200
+        elif field in HONOURED:
+            r = _post(server, {"input": "Hi", "max_output_tokens": 4, field: HONOURED[field]})
+            assert r.status_code == 200, (field, r.text)
+        else:
+            r = _post(server, {"input": "Hi", field: "probe"})
+            assert r.status_code == 400, (field, r.text)
+            error = r.json()["error"]
+            assert error["param"] == field and error["code"] == "unsupported_parameter", error
+    for field, value in REFUSED_VALUES.items():
+        r = _post(server, {"input": "Hi", field: value})
+        assert r.status_code == 400, (field, r.text)
+        assert r.json()["error"]["param"].startswith(field), r.text
