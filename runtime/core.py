@@ -48,7 +48,7 @@ from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
 from .sessions import SessionBook, check_session_id, derived_session_id
 from .settings import Settings
 from .streams import QueueStream
-from .types import TIERS, Embeddings, Report, Request, SessionInfo, Stream
+from .types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -576,6 +576,15 @@ class LocalRuntime:
             )
         check_session_id(info.id, "id")
         return self.book.import_(info)
+
+    def keep_response(self, response: StoredResponse) -> bool:
+        return self.book.keep_response(response)
+
+    def response(self, response_id: str) -> StoredResponse | None:
+        return self.book.response(response_id)
+
+    def delete_response(self, response_id: str) -> bool:
+        return self.book.delete_response(response_id)
 
     def stats(self) -> dict[str, Any]:
         """Counters and tier usage, in the shape docs/api.md documents."""

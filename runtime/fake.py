@@ -53,6 +53,7 @@ from .types import (
     Report,
     Request,
     SessionInfo,
+    StoredResponse,
     Stream,
     TokenLogprob,
     ToolCall,
@@ -179,6 +180,7 @@ class FakeRuntime:
         self._caps = {"live": slots, "ram": ram_sessions, "disk": disk_sessions}
         self._entries: dict[str, _Entry] = {}
         self._vocab: dict[str, int] = {}  # word -> id, as tokenize() meets them
+        self._responses: dict[str, StoredResponse] = {}
         self._clock = 0
         self._counters: collections.Counter[str] = collections.Counter()
         self._waiting: collections.deque[_Job] = collections.deque()
@@ -255,7 +257,22 @@ class FakeRuntime:
 
     def delete_session(self, session_id: str) -> bool:
         with self._cond:
+            for kept in [r for r in self._responses.values() if r.session_id == session_id]:
+                del self._responses[kept.id]
             return self._entries.pop(session_id, None) is not None
+
+    def keep_response(self, response: StoredResponse) -> bool:
+        with self._cond:
+            self._responses[response.id] = response
+            return True
+
+    def response(self, response_id: str) -> StoredResponse | None:
+        with self._cond:
+            return self._responses.get(response_id)
+
+    def delete_response(self, response_id: str) -> bool:
+        with self._cond:
+            return self._responses.pop(response_id, None) is not None
 
     def rename_session(self, session_id: str, title: str) -> bool:
         with self._cond:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .types import Embeddings, Request, SessionInfo, Stream
+from .types import Embeddings, Request, SessionInfo, StoredResponse, Stream
 
 
 @runtime_checkable
@@ -34,6 +34,11 @@ class Runtime(Protocol):
       keep it); False when unknown. ``import_session(info)`` adds a conversation kept
       elsewhere (its id, title, times and messages; no KV); an id already known is left
       unchanged and gives False, so an import can be repeated.
+    - ``keep_response(r)`` keeps a Responses API reply under its id (replacing one of
+      the same id); False, nothing kept, where no conversation text is kept (history
+      off). ``response(id)`` reads one back (None when unknown);
+      ``delete_response(id)`` forgets one (False when unknown). Deleting a session
+      forgets the responses kept in it.
     - ``stats()`` returns a JSON-able dict of counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
     - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
@@ -85,6 +90,12 @@ class Runtime(Protocol):
     def rename_session(self, session_id: str, title: str) -> bool: ...
 
     def import_session(self, info: SessionInfo) -> bool: ...
+
+    def keep_response(self, response: StoredResponse) -> bool: ...
+
+    def response(self, response_id: str) -> StoredResponse | None: ...
+
+    def delete_response(self, response_id: str) -> bool: ...
 
     def stats(self) -> dict[str, Any]: ...
 

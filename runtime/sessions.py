@@ -22,7 +22,7 @@ from typing import Any
 from . import _sqlite
 from ._private import private_dir
 from .errors import CacheError, RequestError
-from .types import Message, SessionInfo, ToolCall
+from .types import Message, SessionInfo, StoredResponse, ToolCall
 
 log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New conversation"
@@ -42,6 +42,15 @@ MIGRATIONS = [
         "0002_anonymous",
         "ALTER TABLE sessions ADD COLUMN anonymous INTEGER NOT NULL DEFAULT 0;"
         f"UPDATE sessions SET anonymous = 1 WHERE id GLOB 'c{'[0-9a-f]' * 12}'",
+    ),
+    (
+        # Replies of the Responses API, kept so a later request continues one by its id
+        # (previous_response_id): the conversation through it, and the body sent.
+        "0003_responses",
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, session_id TEXT, "
+        "named INTEGER NOT NULL, created REAL NOT NULL, messages TEXT NOT NULL, "
+        "body TEXT NOT NULL);"
+        "CREATE INDEX responses_by_session ON responses (session_id)",
     ),
 ]
 
@@ -274,10 +283,45 @@ class SessionBook:
         return cur.rowcount > 0
 
     def delete(self, session_id: str) -> bool:
-        """Deletes a session; its text leaves the database file (secure_delete) and the
-        WAL (a checkpoint) before this returns."""
+        """Deletes a session and the responses kept in it; their text leaves the
+        database file (secure_delete) and the WAL (a checkpoint) before this returns."""
         with self._lock:
             cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
+            _sqlite.checkpoint(self._db)
+        return cur.rowcount > 0
+
+    def keep_response(self, response: StoredResponse) -> bool:
+        """Keeps a response under its id (False, nothing kept, when no conversation
+        text is kept: it is all text)."""
+        if not self.keep_text:
+            return False
+        messages = json.dumps([_as_json(m) for m in response.messages])
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses (id, session_id, named, created, messages,"
+                " body) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    *(response.id, response.session_id, int(response.named)),
+                    *(response.created or time.time(), messages, json.dumps(response.body)),
+                ),
+            )
+        return True
+
+    def response(self, response_id: str) -> StoredResponse | None:
+        with self._lock:
+            r = self._db.execute(
+                "SELECT id, session_id, named, created, messages, body FROM responses WHERE id = ?",
+                (response_id,),
+            ).fetchone()
+        if r is None:
+            return None
+        messages = tuple(_from_json(m) for m in json.loads(r[4]))
+        return StoredResponse(r[0], r[1], bool(r[2]), messages, json.loads(r[5]), r[3])
+
+    def delete_response(self, response_id: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
             _sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 

@@ -194,6 +194,25 @@ class Stream(Protocol):
 
 
 @dataclass(frozen=True)
+class StoredResponse:
+    """A reply of the Responses API (/v1/responses) kept so that a later request can
+    continue it by its id (``previous_response_id``) or read it back.
+
+    ``messages``: the conversation through this reply's output, without the request's
+    instructions (they are not carried to the next response); ``session_id``: the
+    conversation it was served in; ``named``: whether the client named that
+    conversation (else it is a derived id, and so is the continuation's);
+    ``body``: the response object as it was sent."""
+
+    id: str
+    session_id: str | None
+    named: bool
+    messages: tuple[Message, ...]
+    body: dict[str, Any]
+    created: float = 0.0
+
+
+@dataclass(frozen=True)
 class SessionInfo:
     """A conversation the runtime knows, with where its KV lives now."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from warmstart.runtime.errors import ContextOverflow, RequestError, WarmstartError
 from warmstart.runtime.service import Runtime
-from warmstart.runtime.types import Done, Message, Request, Sampling, Token
+from warmstart.runtime.types import Done, Message, Request, Sampling, StoredResponse, Token
 
 
 @pytest.fixture(params=["fake", "local"])
@@ -158,3 +158,18 @@ def test_tokenize_and_pieces_round_trip(runtime: Runtime) -> None:
     with pytest.raises(RequestError) as bad:
         runtime.pieces([10**9])
     assert bad.value.param == "tokens"
+
+
+def test_responses_are_kept_read_back_and_forgotten(runtime: Runtime) -> None:
+    done = list(runtime.generate(ask("Keep me.", session="kept-responses")))[-1]
+    assert isinstance(done, Done)
+    turns = (*ask("Keep me.").messages[1:], Message("assistant", "Kept."))
+    kept = StoredResponse("resp_1", done.report.session_id, True, turns, {"id": "resp_1"})
+    assert runtime.keep_response(kept)
+    found = runtime.response("resp_1")
+    assert found is not None and found.messages == turns and found.body == {"id": "resp_1"}
+    assert runtime.response("resp_2") is None
+    assert runtime.delete_response("resp_1") and not runtime.delete_response("resp_1")
+    assert runtime.keep_response(kept)
+    assert runtime.delete_session("kept-responses")
+    assert runtime.response("resp_1") is None

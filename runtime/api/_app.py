@@ -14,6 +14,7 @@ from . import (
     _ollama,
     _ollama_manage,
     _openai,
+    _responses,
     _tokenize,
     _warmstart,
 )
@@ -55,6 +56,7 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     app.state.warmstart = st
     _errors.install(app)
     app.include_router(_openai.build_router())
+    app.include_router(_responses.build_router())  # OpenAI's Responses API
     app.include_router(_embeddings.build_router())
     app.include_router(_ollama.build_router())  # the Ollama dialect, same runtime and guards
     app.include_router(_ollama_manage.build_router())  # its pull, delete, copy

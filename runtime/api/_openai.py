@@ -68,14 +68,19 @@ def _cards(st: AppState) -> list[dict[str, Any]]:
 
 
 async def _max_tokens(
-    st: AppState, runtime: Runtime, requested: int | None, draft: RuntimeRequest
+    st: AppState,
+    runtime: Runtime,
+    requested: int | None,
+    draft: RuntimeRequest,
+    param: str = "max_tokens",
 ) -> int:
-    """The client's max_tokens, else as many as fit (at most DEFAULT_MAX_TOKENS)."""
+    """The client's max_tokens (the field ``param``), else as many as fit (at most
+    DEFAULT_MAX_TOKENS)."""
     n_ctx = runtime.n_ctx
     if requested is not None:
         if requested > n_ctx:
-            message = f"max_tokens is {requested}, but the context holds only {n_ctx} tokens"
-            raise APIError(400, message, param="max_tokens")
+            message = f"{param} is {requested}, but the context holds only {n_ctx} tokens"
+            raise APIError(400, message, param=param)
         return requested
     used = await anyio.to_thread.run_sync(runtime.count_tokens, draft, limiter=st.limiter)
     # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.

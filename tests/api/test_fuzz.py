@@ -43,6 +43,7 @@ GENERATING = {
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/embeddings",
+    "POST /v1/responses",
     "POST /api/chat",
     "POST /api/generate",
     "POST /api/embed",

@@ -1,0 +1,201 @@
+"""The OpenAI Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE
+/v1/responses/{id}``.
+
+A response is a chat turn on the same runtime as /v1/chat/completions. One stored
+(``store``, the default) is kept in the session store with the conversation through
+its output, so a request naming it in ``previous_response_id`` continues that
+conversation: the same session id (when the client named one) and the same turns,
+hence the same prompt prefix, restored from the KV cache instead of recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator
+
+from ..errors import ContextOverflow
+from ..types import Message, Report, StoredResponse
+from ._errors import APIError, from_runtime
+from ._openai import SessionHeader, _max_tokens, _peer_socket
+from ._responses_schemas import ChosenFunction, DeletedResponse, ResponsesRequest
+from ._responses_shape import Events, ResponseShape
+from ._responses_stream import ResponseEventsResponse
+from ._schemas import _valid_unicode
+from ._sse import gather
+from ._state import ERRORS, AppState, state
+
+log = logging.getLogger(__name__)
+
+ResponseId = Annotated[str, Path(min_length=1, max_length=256), AfterValidator(_valid_unicode)]
+
+
+def _not_found(response_id: str, param: str | None = None) -> APIError:
+    shown = response_id if len(response_id) <= 64 else response_id[:61] + "..."
+    code = "previous_response_not_found" if param else "not_found"
+    return APIError(
+        404 if param is None else 400, f"no stored response {shown!r}", param=param, code=code
+    )
+
+
+def _echo(body: ResponsesRequest) -> dict[str, Any]:
+    """The request's settings as the response object repeats them."""
+    choice = body.tool_choice
+    fmt = body.text.format if body.text else None
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": dict(body.metadata),
+        "parallel_tool_calls": bool(body.parallel_tool_calls),
+        "previous_response_id": body.previous_response_id,
+        "store": body.store,
+        "temperature": body.temperature,
+        "text": {"format": fmt.model_dump(by_alias=True) if fmt else {"type": "text"}},
+        "tool_choice": choice.model_dump()
+        if isinstance(choice, ChosenFunction)
+        else choice or "auto",
+        "tools": [t.model_dump() for t in body.tools or ()],
+        "top_p": body.top_p,
+        "truncation": body.truncation,
+        "user": body.user,
+    }
+
+
+def _check_size(st: AppState, messages: tuple[Message, ...]) -> None:
+    """The chat route's limits, on the whole conversation (a stored one included)."""
+    limits = st.settings
+    if len(messages) > limits.max_messages:
+        message = (
+            f"input: {len(messages)} messages in the conversation; at most "
+            f"{limits.max_messages} are accepted (max_messages)"
+        )
+        raise APIError(400, message, param="input", code="too_many_messages")
+    chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+    if chars > limits.max_prompt_chars:
+        message = (
+            f"input: {chars} characters of text; at most {limits.max_prompt_chars} are "
+            "accepted (max_prompt_chars)"
+        )
+        raise APIError(400, message, param="input", code="prompt_too_long")
+
+
+async def _previous(st: AppState, body: ResponsesRequest) -> StoredResponse | None:
+    if body.previous_response_id is None:
+        return None
+    found = await anyio.to_thread.run_sync(
+        st.runtime.response, body.previous_response_id, limiter=st.limiter
+    )
+    if found is None:
+        raise _not_found(body.previous_response_id, "previous_response_id")
+    return found
+
+
+class _Turn:
+    """One response being made: its conversation, its session and how it is kept."""
+
+    def __init__(
+        self,
+        st: AppState,
+        body: ResponsesRequest,
+        header: str | None,
+        previous: StoredResponse | None,
+    ) -> None:
+        self.st, self.body = st, body
+        earlier = previous.messages if previous else ()
+        self.history = (*earlier, *body.new_messages(earlier))  # without the instructions
+        system = (Message("system", body.instructions),) if body.instructions else ()
+        self.messages = (*system, *self.history)
+        chained = previous.session_id if previous and previous.named else None
+        self.session = header or body.session_hint() or chained
+
+    async def finish(
+        self, shape: ResponseShape, text: str, report: Report, reply: Message | None
+    ) -> dict[str, Any]:
+        """The whole response, kept first when asked (``store`` says whether it was)."""
+        out = shape.whole(text, report, reply)
+        if self.body.store:
+            turn = reply or Message("assistant", text)
+            kept = StoredResponse(
+                shape.id,
+                report.session_id,
+                self.session is not None,
+                (*self.history, turn),
+                out,
+            )
+            out["store"] = await anyio.to_thread.run_sync(
+                self.st.runtime.keep_response, kept, limiter=self.st.limiter
+            )
+            if not out["store"]:
+                log.info("response %s not kept: this server keeps no conversation text", shape.id)
+        return out
+
+
+async def _create(request: Request, body: ResponsesRequest, header: str | None) -> Response:
+    """Check the model and the input, take the runtime, size max_output_tokens, start
+    the generation (errors surface before any byte is sent), then reply."""
+    st = state(request)
+    st.check_model(body.model)
+    turn = _Turn(st, body, header, await _previous(st, body))
+    _check_size(st, turn.messages)
+    runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
+    try:
+        draft = body.to_request(turn.messages, turn.session, 1)
+        limit = await _max_tokens(st, runtime, body.max_output_tokens, draft, "max_output_tokens")
+        req = body.to_request(turn.messages, turn.session, limit)
+        stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+    except ContextOverflow as exc:
+        raise from_runtime(exc, "input") from exc
+    finally:
+        st.release()  # submitted (or refused): a switch may close this runtime now
+    shape = ResponseShape(name, _echo(body))
+
+    async def finish(text: str, report: Report, reply: Message | None) -> dict[str, Any]:
+        return await turn.finish(shape, text, report, reply)
+
+    if body.stream:
+        return ResponseEventsResponse(
+            stream,
+            Events(shape),
+            st.limiter,
+            tools=req.uses_tools,
+            finish=finish,
+            on_done=st.metrics.observe,
+            send_timeout=st.settings.send_timeout,
+            sock=_peer_socket(request),
+        )
+    reply = await gather(request, stream, st.limiter)
+    st.metrics.observe(reply.report)
+    return JSONResponse(await finish(reply.text, reply.report, reply.turn))
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["openai"])
+
+    @router.post("/responses", responses=ERRORS)
+    async def create_response(
+        body: ResponsesRequest, request: Request, x_warmstart_session: SessionHeader = None
+    ) -> Response:
+        """A response (OpenAI's Responses API), whole or streamed as typed events, with
+        usage (cached_tokens: restored from the cache) and x_warmstart."""
+        return await _create(request, body, x_warmstart_session)
+
+    @router.get("/responses/{response_id}", responses=ERRORS)
+    def get_response(response_id: ResponseId, request: Request) -> dict[str, Any]:
+        """A stored response, as it was sent."""
+        found = state(request).runtime.response(response_id)
+        if found is None:
+            raise _not_found(response_id)
+        return found.body
+
+    @router.delete("/responses/{response_id}", responses=ERRORS)
+    def delete_response(response_id: ResponseId, request: Request) -> DeletedResponse:
+        """Forgets a stored response (the conversation it was part of stays)."""
+        if not state(request).runtime.delete_response(response_id):
+            raise _not_found(response_id)
+        return DeletedResponse(id=response_id)
+
+    return router
