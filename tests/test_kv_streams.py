@@ -186,7 +186,7 @@ def test_no_cache_is_cold_even_when_the_prompt_is_live(make_runtime, tmp_path) -
     assert report.cached_tokens == 0
 
 
-@pytest.mark.parametrize(("chunk", "most"), [(64, 256), (128, 512)])
+@pytest.mark.parametrize(("chunk", "most"), [(64, 256), (128, 512), (256, 512)])
 def test_merged_batches_only_where_they_give_the_same_bits(  # type: ignore[no-untyped-def]
     make_runtime, tmp_path, chunk, most
 ) -> None:

@@ -44,7 +44,7 @@ _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
 # batch, where that gives the same KV bits (a CPU's kernels may pick another path
 # for another batch size); MERGE_MAX is llama.cpp's default micro-batch, as
 # llama-server prefills. Each size is checked against one batch of MERGE_MAX.
-MERGE_SIZES, MERGE_MAX = (64, 128), 512
+MERGE_SIZES, MERGE_MAX = (64, 128, 256), 512
 CALIBRATION_FILE_BYTES = 64 * MiB
 # a spinning disk's figures: unmeasured, the disk tier must not look better than it is
 ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
