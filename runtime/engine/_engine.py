@@ -9,6 +9,7 @@ restore by assembling chunks, sampling, and the calibration probes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -172,6 +173,9 @@ class Engine:
         self.decoding = 0  # tokens of the decode in progress (0: none)
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
         self.prompter = PromptTokenizer(self.model)
+        # the system message's ids on its own: the same few system prompts come with
+        # every request, and tokenizing one of thousands of tokens again takes ms
+        self._head_ids = functools.lru_cache(maxsize=16)(self.prompter.ids)
         self.template = template_for(
             self.model,
             self.prompter,
@@ -254,7 +258,7 @@ class Engine:
                 system, add_generation_prompt=False, tools=tools
             )
             # templates such as Gemma's put the system text in the first user turn
-            head = self.prompter.ids(head_parts) if head_parts else []
+            head = self._head_ids(tuple(head_parts)) if head_parts else []
             if head and ids[: len(head)] == head:
                 anchors.add(len(head))
         return ids, tuple(sorted(anchors))
