@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from .helpers import SYSTEM_PATH, chown_tree, copy_checkout, pip_env, run_as, tree
+from .helpers import (
+    SYSTEM_PATH,
+    chown_tree,
+    copy_checkout,
+    pip_env,
+    run_as,
+    seed_wheel_cache,
+    tree,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +35,7 @@ class Desktop:
         self.user, self.home = user, scratch / "home"
         self.src = copy_checkout(scratch / "src")
         self.home.mkdir()
+        self.wheel = seed_wheel_cache(self.home)  # as `make run` leaves it
         (scratch / "pip-cache").mkdir()
         for path in (self.home, self.src, scratch / "pip-cache"):
             chown_tree(path, user)
@@ -34,10 +44,13 @@ class Desktop:
         self.data = self.home / ".local/share"
         self.launcher = self.home / ".local/bin/warmstart"
 
-    def install(self, *flags: str) -> str:
+    def run(self, *flags: str) -> subprocess.CompletedProcess[str]:
         # --cpu: a CI machine with nvcc and a GPU would otherwise build CUDA for 30 minutes
         argv = ["sh", str(self.src / "installers/linux/install.sh"), "--cpu", *flags]
-        proc = run_as(self.user, argv, self.env)
+        return run_as(self.user, argv, self.env)
+
+    def install(self, *flags: str) -> str:
+        proc = self.run(*flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -93,3 +106,63 @@ def test_install_ask_upgrade_uninstall_purge(desktop: Desktop) -> None:
 
     desktop.install("--uninstall", "--purge")
     assert tree(desktop.home) == []
+
+
+def _timed(desktop: Desktop, *flags: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = desktop.run(*flags)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, time.monotonic() - started
+
+
+def test_fresh_install_takes_the_cached_wheel_and_a_second_reuses_it(desktop: Desktop) -> None:
+    """A fresh HOME whose wheel cache holds the CPU build (as after `make run`): the
+    installer compiles nothing (pip is forbidden to build llama-cpp-python here); a
+    second run reuses it too; --uninstall stops what runs from the venv first."""
+    desktop.env["PIP_ONLY_BINARY"] = "llama-cpp-python"
+    del desktop.env["PIP_FIND_LINKS"]  # the cache alone: no wheelhouse to fall back on
+    first, fresh_s = _timed(desktop, "--no-model")
+    cache = desktop.wheel.parent
+    assert f"reusing the compiled llama-cpp-python 0.3.36 in {cache}" in first.stderr
+    assert "compiling" not in first.stdout + first.stderr
+    assert sorted(p.name for p in cache.iterdir()) == [desktop.wheel.name]  # nothing built
+    build = (desktop.data / "warmstart/venv/.warmstart-build").read_text()
+    assert build.split() == ["cpu", "llama-cpp-python==0.3.36", desktop.wheel.name]
+    assert desktop.warmstart("--version").stdout.strip()
+
+    second, again_s = _timed(desktop, "--no-model")
+    assert "reusing the compiled llama-cpp-python" in second.stderr
+    assert "creating the virtual environment" not in second.stdout  # repaired in place
+    # the figures the README gives (printed with pytest -s)
+    print(f"\ninstall with a cached wheel: {fresh_s:.0f} s; again: {again_s:.0f} s")
+    _uninstall_stops_what_runs(desktop)
+    assert desktop.wheel.is_file()  # the cache outlives the program; --purge removes it
+
+
+def _uninstall_stops_what_runs(desktop: Desktop) -> None:
+    """A running app or server of this install is stopped before its venv goes."""
+    venv_python = desktop.data / "warmstart/venv/bin/python"
+    # stands for the app: any process on the venv's Python, as the user
+    sleeper = [str(venv_python), "-c", "import time; time.sleep(300)"]
+    app = subprocess.Popen(["runuser", "-u", desktop.user, "--", *sleeper])
+    try:
+        deadline = time.monotonic() + 30
+        while not _running_from(venv_python) and time.monotonic() < deadline:
+            time.sleep(0.1)  # runuser starts the Python
+        out = desktop.install("--uninstall")
+        assert f"stopping what runs from {venv_python.parent.parent}" in out
+        assert app.wait(timeout=30) != 0  # ended by SIGTERM, before the removal
+        assert not venv_python.parent.parent.exists()
+    finally:
+        app.kill()
+        app.wait()
+
+
+def _running_from(python: Path) -> bool:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(bytes(python)):
+                return True
+        except OSError:
+            continue  # it ended meanwhile
+    return False
