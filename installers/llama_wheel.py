@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -57,7 +57,7 @@ def build_key(cmake_args: str) -> str:
     return "cpu" if not flags else hashlib.sha256(flags.encode()).hexdigest()[:12]
 
 
-def cache_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
     base = environ.get("XDG_CACHE_HOME") or os.path.join(environ["HOME"], ".cache")
     return Path(base) / "warmstart" / "llama-wheels"
 
@@ -186,9 +186,17 @@ class Display:
 
 def run_showing(argv: list[str], log: Path, display: Display, env: dict[str, str]) -> int:
     """Runs the build, its whole output into ``log``, its progress to the display."""
-    with log.open("w", encoding="utf-8") as keep:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", env=env)  # fmt: skip
+    with (
+        log.open("w", encoding="utf-8") as keep,
+        subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+        ) as proc,  # fmt: skip
+    ):
         assert proc.stdout is not None
         for line in _kept(proc.stdout, keep):
             for p in read_progress([line]):
