@@ -36,7 +36,7 @@ from typing import TextIO
 
 PACKAGE = "llama-cpp-python"
 FLAGS_FILE = "build-flags"
-EXPECTED = "10-20 min on 2 cores"
+EXPECTED = "10-20 min on 2 cores"  # the CPU build, measured; a GPU one takes longer
 _STEP = re.compile(r"^\s*\[\s*(\d+)/(\d+)\]\s+(.*)$")  # ninja: [12/180] command
 _PERCENT = re.compile(r"^\s*\[\s*(\d+)%\]\s+(.*)$")  # make: [ 12%] Building C object x.o
 _SOURCE = re.compile(r"\s-c\s+(\S+)")  # the file a compiler command compiles
@@ -206,7 +206,7 @@ def run_showing(argv: list[str], log: Path, display: Display, env: dict[str, str
     return code
 
 
-def _kept(stream: TextIO, keep: TextIO) -> Iterator[str]:
+def _kept(stream: Iterable[str], keep: TextIO) -> Iterator[str]:
     for line in stream:
         keep.write(line)
         yield line
@@ -222,8 +222,8 @@ def ensure_wheel(version: str, cmake_args: str, python: str, out: TextIO = sys.s
     if found is not None:
         print(f"==> reusing the compiled {PACKAGE} {version} in {folder}", file=out)
         return found
-    what = f"with {flags}" if flags else "for the CPU"
-    print(f"==> compiling {PACKAGE} {version} {what}: {EXPECTED} (this machine has "
+    what = f"with {flags}: longer than the CPU build's" if flags else "for the CPU:"
+    print(f"==> compiling {PACKAGE} {version} {what} {EXPECTED} (this machine has "
           f"{os.cpu_count()}); once, kept in {folder}", file=out)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -239,8 +239,27 @@ def ensure_wheel(version: str, cmake_args: str, python: str, out: TextIO = sys.s
         (built,) = Path(tmp).glob("*.whl")
         (folder / FLAGS_FILE).write_text(flags + "\n")
         shutil.move(built, folder / built.name)
+    _hand_back(folder)
     print(f"==> compiled in {_minutes(time.monotonic() - started)}", file=out)
     return folder / built.name
+
+
+def _hand_back(folder: Path) -> None:
+    """Under sudo that keeps the user's HOME, what root made in the user's cache goes
+    back to the user: their next `make run` must be able to write there."""
+    home = Path(os.environ.get("HOME", "/"))
+    try:
+        owner = home.stat()
+    except OSError:
+        return
+    if os.geteuid() != 0 or owner.st_uid == 0 or not folder.is_relative_to(home):
+        return
+    made = [*folder.iterdir(), folder, *folder.parents]
+    for path in made:
+        if path == home or not path.is_relative_to(home):
+            continue
+        if path.stat().st_uid == 0:
+            os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def main(argv: list[str] | None = None) -> int:

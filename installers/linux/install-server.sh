@@ -13,6 +13,9 @@
 # --service-user NAME (default warmstart), --root DIR (install under DIR instead of /,
 # for packaging and tests: the service user is still created on this machine, since
 # file owners need a real uid, and nothing is started).
+# llama-cpp-python compiles once (10-20 min on 2 cores, with a progress bar) into
+# root's ~/.cache/warmstart/llama-wheels/, shared with make and the other installers.
+# Afterwards `sudo warmstart ...` works on the service's models, sessions and cache.
 set -eu
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin  # useradd, runuser: not on every root PATH (su)
 

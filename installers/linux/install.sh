@@ -10,6 +10,8 @@
 # Other options: --cpu / --cuda (default: CUDA when nvcc and an NVIDIA GPU are both
 # present), --no-model (skip pulling the default model), --source DIR|SPEC (what to
 # install; default: the checkout this script lives in), --python PYTHON.
+# llama-cpp-python compiles once (10-20 min on 2 cores, with a progress bar) into
+# ~/.cache/warmstart/llama-wheels/, shared with make and the other installers.
 # pip's own environment variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_CACHE_DIR...)
 # apply as usual.
 set -eu
@@ -139,6 +141,8 @@ uninstall() {
         prune "$DATA_DIR"
         [ -d "$DATA_DIR" ] && echo "    kept your data in $DATA_DIR (--uninstall --purge removes it)"
         [ -d "$CONFIG_HOME/warmstart" ] && echo "    kept your settings in $CONFIG_HOME/warmstart"
+        [ -d "$CACHE_HOME/warmstart/llama-wheels" ] && echo "    kept the compiled" \
+            "llama-cpp-python in $CACHE_HOME/warmstart/llama-wheels (make and the installers share it)"
     fi
     return 0
 }
@@ -249,13 +253,16 @@ install_service() {
 # Installed by warmstart's installers/linux/install.sh; removed by --uninstall.
 [Unit]
 Description=warmstart local API (OpenAI-compatible, on 127.0.0.1:8765)
+# a bounded retry: five failed starts in ten minutes, then it stays failed
+StartLimitIntervalSec=600
+StartLimitBurst=5
 
 [Service]
 # Ready (sd_notify) once the model is loaded and /health answers.
 Type=notify
 ExecStart=$VENV/bin/warmstart serve
 Restart=on-failure
-RestartSec=5
+RestartSec=15
 TimeoutStartSec=600
 
 [Install]

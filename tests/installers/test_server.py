@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -210,8 +211,10 @@ def test_failed_then_repaired_install(server: Server, scratch: Path) -> None:
     assert failed.returncode != 0 and f"the user {USER} cannot run {python}" in failed.stderr
 
     server.env["PATH"] = f"{hidden / 'bin'}:{SYSTEM_PATH}"  # root's PATH finds it first
+    started = time.monotonic()
     proc = server.run("--no-model", "--host", "127.0.0.1", "--port", str(server.port))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"\nrepaired server install: {time.monotonic() - started:.0f} s")  # for the README
     out = proc.stdout
     assert f"recreating {venv}: the user {USER} cannot run it" in out
     assert f"using /usr/bin/python3: the user {USER} cannot run {python}" in out
