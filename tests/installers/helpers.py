@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -107,3 +108,35 @@ def run_as(
 def tree(path: Path) -> list[str]:
     """Every file, link and directory under ``path``, relative, sorted."""
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def start_on(python: Path, user: str, *, deaf: bool = False) -> subprocess.Popen[str]:
+    """A process of ``user`` on ``python``, standing for the app or a server started
+    from that venv, once it runs; ``deaf``: one that ignores SIGTERM."""
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if deaf else ""
+    code = f"import signal, time; {ignore}print('ready', flush=True); time.sleep(300)"
+    proc = subprocess.Popen(
+        ["runuser", "-u", user, "--", str(python), "-c", code], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def pids_on(python: Path) -> list[int]:
+    """The processes whose command line starts with ``python``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(bytes(python) + b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it ended meanwhile
+    return found
+
+
+def stop(proc: subprocess.Popen[str], python: Path) -> None:
+    """Ends a start_on() process, whatever the test did to it."""
+    for pid in pids_on(python):
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.communicate()

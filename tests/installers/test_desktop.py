@@ -13,9 +13,12 @@ from .helpers import (
     SYSTEM_PATH,
     chown_tree,
     copy_checkout,
+    pids_on,
     pip_env,
     run_as,
     seed_wheel_cache,
+    start_on,
+    stop,
     tree,
 )
 
@@ -148,29 +151,22 @@ def test_fresh_install_takes_the_cached_wheel_and_a_second_reuses_it(desktop: De
 
 
 def _uninstall_stops_what_runs(desktop: Desktop) -> None:
-    """A running app or server of this install is stopped before its venv goes."""
-    venv_python = desktop.data / "warmstart/venv/bin/python"
-    # stands for the app: any process on the venv's Python, as the user
-    sleeper = [str(venv_python), "-c", "import time; time.sleep(300)"]
-    app = subprocess.Popen(["runuser", "-u", desktop.user, "--", *sleeper])
+    """A running app or server of this install is stopped before its venv goes; one
+    that does not stop is named, and nothing is removed."""
+    venv = desktop.data / "warmstart/venv"
+    deaf = start_on(venv / "bin/python", desktop.user, deaf=True)
     try:
-        deadline = time.monotonic() + 30
-        while not _running_from(venv_python) and time.monotonic() < deadline:
-            time.sleep(0.1)  # runuser starts the Python
-        out = desktop.install("--uninstall")
-        assert f"stopping what runs from {venv_python.parent.parent}" in out
-        assert app.wait(timeout=30) != 0  # ended by SIGTERM, before the removal
-        assert not venv_python.parent.parent.exists()
+        refused = desktop.run("--uninstall")
+        assert refused.returncode != 0
+        assert f"still running after 15 s: {pids_on(venv / 'bin/python')[0]}" in refused.stderr
+        assert "nothing was removed" in refused.stderr and (venv / "bin/python").is_file()
     finally:
-        app.kill()
-        app.wait()
-
-
-def _running_from(python: Path) -> bool:
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().startswith(bytes(python)):
-                return True
-        except OSError:
-            continue  # it ended meanwhile
-    return False
+        stop(deaf, venv / "bin/python")
+    app = start_on(venv / "bin/python", desktop.user)
+    try:
+        out = desktop.install("--uninstall")
+        assert f"stopping what runs from {venv}" in out
+        assert app.wait(timeout=30) != 0  # ended by SIGTERM, before the removal
+        assert not venv.exists()
+    finally:
+        stop(app, venv / "bin/python")

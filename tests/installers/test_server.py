@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .helpers import REPO, SYSTEM_PATH, need_root, pip_env, seed_wheel_cache
+from .helpers import REPO, SYSTEM_PATH, need_root, pip_env, seed_wheel_cache, start_on, stop
 
 pytestmark = pytest.mark.slow
 
@@ -229,8 +229,19 @@ def test_failed_then_repaired_install(server: Server, scratch: Path) -> None:
     _check_wrapper(server)
     _check_vanished_address(server, venv)
 
-    server.install("--uninstall", "--purge")
+    # every interface, under --root: this machine's address is not the target's
+    out = server.install("--no-model", "--host", "0.0.0.0")
+    assert f"will serve http://SERVER-ADDRESS:{server.port}/v1 once started" in out
+    assert "creating the virtual" not in out  # the venv of the repaired run is kept
+
+    running = start_on(venv / "bin/python", USER)  # a server started by hand, say
+    try:
+        out = server.install("--uninstall", "--purge")
+        assert f"stopping what runs from {venv}" in out and running.wait(timeout=30) != 0
+    finally:
+        stop(running, venv / "bin/python")
     assert not (server.root / "usr/local/bin/warmstart").exists()
+    assert subprocess.run(["id", USER], capture_output=True).returncode != 0
 
 
 def _check_wrapper(server: Server) -> None:
