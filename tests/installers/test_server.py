@@ -157,6 +157,10 @@ def _run_exec_start(server: Server, scratch: Path) -> None:
         assert wrong.status_code == 401
         good = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
         assert good.status_code == 200 and good.json()["data"]
+        # the admin's `sudo warmstart` finds the service and gets in with its key
+        stats = _wrapper(server, "cache", "stats", "--json")
+        assert stats.returncode == 0, stats.stderr
+        assert "source" not in json.loads(stats.stdout)  # the server's stats, not the files'
     finally:
         notify.close()
         proc.terminate()
@@ -244,18 +248,19 @@ def test_failed_then_repaired_install(server: Server, scratch: Path) -> None:
     assert subprocess.run(["id", USER], capture_output=True).returncode != 0
 
 
+def _wrapper(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    """The admin's command, its paths under the scratch root, run as root."""
+    script = server.in_root((server.root / "usr/local/bin/warmstart").read_text())
+    argv = ["sh", "-c", script, "warmstart", *args]
+    env = {"PATH": SYSTEM_PATH}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+
+
 def _check_wrapper(server: Server) -> None:
     """`sudo warmstart ...` works on the service's data, as the service user."""
     wrapper = server.root / "usr/local/bin/warmstart"
     assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
-    script = server.in_root(wrapper.read_text())
-    stats = subprocess.run(
-        ["sh", "-c", script, "warmstart", "cache", "stats", "--json"],
-        env={"PATH": SYSTEM_PATH},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    stats = _wrapper(server, "cache", "stats", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["source"] == "files (no server answered)"
     uid = pwd.getpwnam(USER).pw_uid
