@@ -22,21 +22,20 @@ ifeq ($(origin CMAKE_ARGS),undefined)
 CMAKE_ARGS := $(if $(HAVE_CUDA),-DGGML_CUDA=on)
 endif
 LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
-LLAMA_BUILD   := $(if $(strip $(CMAKE_ARGS)),$(shell printf '%s' '$(CMAKE_ARGS)' | cksum | cut -d' ' -f1),cpu)
-LLAMA_WHEELS  := $(HOME)/.cache/warmstart/llama-wheels/$(LLAMA_BUILD)
+# The folder of the wheel cache for these flags: "cpu", else a digest of CMAKE_ARGS
+LLAMA_BUILD   := $(shell CMAKE_ARGS='$(CMAKE_ARGS)' $(PYTHON) installers/llama_wheel.py --key)
 
 # llama-cpp-python compiles from its sdist the first time (10-20 min on 2 cores; a GPU
 # build longer). Its wheel is py3-none, good for every Python, but pip caches a built
 # wheel per Python version and by version only, not by CMAKE_ARGS: a second Python
 # would compile again, and a GPU build would get the cached CPU wheel. So the wheel is
-# built once into a folder of its own (one per CMAKE_ARGS; a GPU build bypasses pip's
-# cache) and every venv installs it from there.
+# built once into ~/.cache/warmstart/llama-wheels/$(LLAMA_BUILD)/, the cache every
+# install path shares (the installers too), with a progress bar while it compiles
+# (installers/llama_wheel.py), and every venv installs it from there.
 $(VENV)/.llama-$(LLAMA_BUILD): | $(BIN)/python
-	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
-	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps -w $(LLAMA_WHEELS) \
-	    $(if $(strip $(CMAKE_ARGS)),--no-cache-dir) llama-cpp-python==$(LLAMA_VERSION)
-	$(BIN)/pip install --quiet --no-deps --force-reinstall \
-	  $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	wheel=$$(CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python installers/llama_wheel.py \
+	  --version $(LLAMA_VERSION)) && \
+	  $(BIN)/pip install --quiet --no-deps --force-reinstall "$$wheel"
 	rm -f $(VENV)/.llama-* $(VENV)/.run-installed $(VENV)/.dev-installed
 	touch $@
 
@@ -55,9 +54,9 @@ run: $(VENV)/.run-installed
 	$(BIN)/warmstart ask "$(QUESTION)"
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check runtime app tests installers/gpu
-	$(BIN)/ruff format --check runtime app tests installers/gpu
-	$(BIN)/mypy runtime app installers/gpu
+	$(BIN)/ruff check runtime app tests installers/gpu installers/llama_wheel.py
+	$(BIN)/ruff format --check runtime app tests installers/gpu installers/llama_wheel.py
+	$(BIN)/mypy runtime app installers/gpu installers/llama_wheel.py
 
 pytest: $(VENV)/.dev-installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider

@@ -10,6 +10,8 @@
 # Other options: --cpu / --cuda (default: CUDA when nvcc and an NVIDIA GPU are both
 # present), --no-model (skip pulling the default model), --source DIR|SPEC (what to
 # install; default: the checkout this script lives in), --python PYTHON.
+# llama-cpp-python compiles once (10-20 min on 2 cores, with a progress bar) into
+# ~/.cache/warmstart/llama-wheels/, shared with make and the other installers.
 # pip's own environment variables (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_CACHE_DIR...)
 # apply as usual.
 set -eu
@@ -25,6 +27,9 @@ PULL_MODEL=1
 
 die() { echo "warmstart install: $*" >&2; exit 1; }
 say() { echo "==> $*"; }
+usage() {  # the comment block at the top of this file, without the '#'s
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -37,7 +42,7 @@ while [ $# -gt 0 ]; do
         --no-model) PULL_MODEL=0 ;;
         --source) shift; SOURCE=${1:?--source needs a value} ;;
         --python) shift; PYTHON=${1:?--python needs a value} ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift
@@ -82,11 +87,38 @@ remove_file() {
     prune "$(dirname "$1")"
 }
 
+# The pids of this user's processes that run the venv's Python: the app, a server,
+# a chat (the launcher's shebang is the venv's python, so its command line starts so).
+running_pids() {
+    for proc in /proc/[0-9]*; do
+        [ -O "$proc" ] || continue
+        cmd=$(tr '\0' ' ' <"$proc/cmdline" 2>/dev/null) || continue
+        case "$cmd" in "$VENV"/bin/*) echo "${proc#/proc/}" ;; esac
+    done
+}
+
+# Stops what runs from the venv before it goes (a running app would lose its files
+# under it); says what still runs, and removes nothing, if they do not stop.
+stop_running() {
+    pids=$(running_pids)
+    [ -n "$pids" ] || return 0
+    say "stopping what runs from $VENV:"
+    for pid in $pids; do echo "    $pid $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"; done
+    # shellcheck disable=SC2086  # one pid per word
+    kill -TERM $pids 2>/dev/null || true
+    tries=0
+    while [ -n "$(running_pids)" ] && [ "$tries" -lt 30 ]; do sleep 0.5; tries=$((tries + 1)); done
+    left=$(running_pids)
+    [ -z "$left" ] || die "still running after 15 s: $(echo "$left" | tr '\n' ' ')(stop them and" \
+        "rerun --uninstall; nothing was removed)"
+}
+
 uninstall() {
     say "removing warmstart (program, launcher, menu entry, icons, service)"
     if [ -f "$UNIT" ] && user_systemd; then
         systemctl --user disable --now warmstart.service >/dev/null 2>&1 || true
     fi
+    stop_running
     remove_file "$UNIT"
     user_systemd && systemctl --user daemon-reload >/dev/null 2>&1 || true
     if [ -L "$LAUNCHER" ] || [ -e "$LAUNCHER" ]; then
@@ -109,6 +141,8 @@ uninstall() {
         prune "$DATA_DIR"
         [ -d "$DATA_DIR" ] && echo "    kept your data in $DATA_DIR (--uninstall --purge removes it)"
         [ -d "$CONFIG_HOME/warmstart" ] && echo "    kept your settings in $CONFIG_HOME/warmstart"
+        [ -d "$CACHE_HOME/warmstart/llama-wheels" ] && echo "    kept the compiled" \
+            "llama-cpp-python in $CACHE_HOME/warmstart/llama-wheels (make and the installers share it)"
     fi
     return 0
 }
@@ -151,25 +185,39 @@ install_program() {
     fi
     pip="$VENV/bin/python -m pip"
     llama=$(llama_requirement)
-    if want_cuda && [ -n "$llama" ]; then
-        if [ "$(cat "$VENV/.warmstart-build" 2>/dev/null || true)" != "cuda $llama" ]; then
-            # --no-cache-dir: pip would otherwise reuse a CPU wheel of the same version
-            # from its cache. Intel AMX CPUs need nothing here: the runtime turns off
-            # ggml's AMX buffer type itself (it dies with SIGILL in some VMs).
-            say "building $llama with CUDA (nvcc found; 10 to 30 minutes)"
-            CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=on" FORCE_CMAKE=1 $pip install \
-                --no-cache-dir --force-reinstall --no-deps "$llama"
-            echo "cuda $llama" >"$VENV/.warmstart-build"
-        fi
+    kind=cpu
+    flags=${CMAKE_ARGS:-}
+    if want_cuda; then
+        # Intel AMX CPUs need nothing here: the runtime turns off ggml's AMX buffer
+        # type itself (it dies with SIGILL in some VMs).
+        kind=cuda
+        flags="$flags -DGGML_CUDA=on"
     else
         say "llama.cpp builds for the CPU (use --cuda to force a CUDA build)"
     fi
-    target="$SOURCE[app]"
-    say "installing warmstart from $SOURCE (the first time llama-cpp-python compiles: 10-20 min)"
+    if [ -n "$llama" ]; then
+        install_llama "$kind" "$llama" "$flags"
+    else
+        say "no llama-cpp-python pin in $SOURCE: pip builds it (10-20 min on 2 cores)"
+    fi
+    say "installing warmstart from $SOURCE"
     # --upgrade on the named package only: dependencies move only when they must
     $pip install --disable-pip-version-check --quiet --upgrade \
-        --upgrade-strategy only-if-needed "$target"
+        --upgrade-strategy only-if-needed "$SOURCE[app]"
     [ -f "$VENV/.warmstart-build" ] || echo "cpu $llama" >"$VENV/.warmstart-build"
+}
+
+# llama-cpp-python from the wheel cache every install path shares (installers/
+# llama_wheel.py: compiled once per build flags, with a progress bar), installed
+# again only when the build changed.
+install_llama() {
+    wheel=$(CMAKE_ARGS=$3 "$VENV/bin/python" "$HERE/../llama_wheel.py" --version "${2#*==}") ||
+        die "llama-cpp-python could not be built (see above)"
+    build="$1 $2 $(basename "$wheel")"
+    [ "$(cat "$VENV/.warmstart-build" 2>/dev/null || true)" != "$build" ] || return 0
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet --no-deps \
+        --force-reinstall "$wheel"
+    echo "$build" >"$VENV/.warmstart-build"
 }
 
 install_launcher() {
@@ -205,13 +253,16 @@ install_service() {
 # Installed by warmstart's installers/linux/install.sh; removed by --uninstall.
 [Unit]
 Description=warmstart local API (OpenAI-compatible, on 127.0.0.1:8765)
+# a bounded retry: five failed starts in ten minutes, then it stays failed
+StartLimitIntervalSec=600
+StartLimitBurst=5
 
 [Service]
 # Ready (sd_notify) once the model is loaded and /health answers.
 Type=notify
 ExecStart=$VENV/bin/warmstart serve
 Restart=on-failure
-RestartSec=5
+RestartSec=15
 TimeoutStartSec=600
 
 [Install]
@@ -241,7 +292,7 @@ summary() {
     [ -f "$UNIT" ] && service_line="$UNIT  (journalctl --user -u warmstart)"
     cat <<EOF
 
-warmstart is installed ($(cat "$VENV/.warmstart-build" 2>/dev/null || echo cpu) build).
+warmstart is installed ($(cut -d' ' -f1 "$VENV/.warmstart-build" 2>/dev/null || echo cpu) build).
   command        $LAUNCHER$path_note
   program        $VENV
   models         $DATA_DIR/models

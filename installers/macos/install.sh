@@ -24,6 +24,9 @@ PULL_MODEL=1
 
 die() { echo "warmstart install: $*" >&2; exit 1; }
 say() { echo "==> $*"; }
+usage() {  # the comment block at the top of this file, without the '#'s
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
 
 : "${HOME:?HOME is not set}"
 # platformdirs' macOS locations, where warmstart itself looks
@@ -70,7 +73,7 @@ while [ $# -gt 0 ]; do
         --plist) plist; exit 0 ;;
         --source) shift; SOURCE=${1:?--source needs a value} ;;
         --python) shift; PYTHON=${1:?--python needs a value} ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift
@@ -111,14 +114,21 @@ install_program() {
     llama=""
     [ -f "$SOURCE/pyproject.toml" ] &&
         llama=$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$SOURCE/pyproject.toml" | head -n 1)
-    if [ "$(uname -m)" = arm64 ] && [ -n "$llama" ] &&
-        [ "$(cat "$VENV/.warmstart-build" 2>/dev/null || true)" != "metal $llama" ]; then
-        # Metal is llama.cpp's default on Apple silicon; said explicitly, and without
-        # pip's cache, so a wheel built some other way is never reused.
-        say "building $llama with Metal (10 to 20 minutes)"
-        CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_METAL=on" $pip install --no-cache-dir \
-            --force-reinstall --no-deps "$llama"
-        echo "metal $llama" >"$VENV/.warmstart-build"
+    kind=cpu
+    flags=${CMAKE_ARGS:-}
+    # Metal is llama.cpp's default on Apple silicon; said explicitly, so that its wheel
+    # has a folder of its own in the shared cache
+    if [ "$(uname -m)" = arm64 ]; then kind=metal; flags="$flags -DGGML_METAL=on"; fi
+    if [ -n "$llama" ]; then
+        # the wheel cache every install path shares (installers/llama_wheel.py: compiled
+        # once per build flags, 10-20 min, with a progress bar)
+        wheel=$(CMAKE_ARGS=$flags "$VENV/bin/python" "$HERE/../llama_wheel.py" \
+            --version "${llama#*==}") || die "llama-cpp-python could not be built (see above)"
+        build="$kind $llama $(basename "$wheel")"
+        if [ "$(cat "$VENV/.warmstart-build" 2>/dev/null || true)" != "$build" ]; then
+            $pip install --quiet --no-deps --force-reinstall "$wheel"
+            echo "$build" >"$VENV/.warmstart-build"
+        fi
     fi
     say "installing warmstart from $SOURCE"
     $pip install --quiet --upgrade --upgrade-strategy only-if-needed "$SOURCE[app]"
@@ -142,7 +152,7 @@ if [ "$SERVICE" = 1 ] || [ -f "$PLIST" ]; then install_agent; fi
 if [ "$PULL_MODEL" = 1 ]; then "$VENV/bin/warmstart" models pull default; fi
 cat <<EOF
 
-warmstart is installed ($(cat "$VENV/.warmstart-build") build; untested on macOS).
+warmstart is installed ($(cut -d' ' -f1 "$VENV/.warmstart-build") build; untested on macOS).
   command        $LAUNCHER  (add $BIN_DIR to your PATH if needed)
   program        $VENV
   models, KV cache, conversations, settings   $SUPPORT

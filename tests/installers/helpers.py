@@ -1,9 +1,11 @@
 """Helpers for the installer tests: scratch trees, throwaway users, pip without a rebuild.
 
-The installers are normal installers: they run pip as any user would. So that a
-test never recompiles llama-cpp-python (10-20 minutes), it hands pip a wheelhouse
-holding the wheel that the developer's own install left in pip's cache, through
-``PIP_FIND_LINKS``, the way a user would point pip at a local mirror.
+The installers are normal installers: they run pip as any user would, and take
+llama-cpp-python from the wheel cache all install paths share
+(``~/.cache/warmstart/llama-wheels/<build>/``, installers/llama_wheel.py). So that a
+test never recompiles it (10-20 minutes), the sandbox's HOME gets the CPU wheel the
+developer's own ``make`` left in that cache, as a user who ran ``make run`` first has
+it; pip also gets it as a wheelhouse (``PIP_FIND_LINKS``), as a local mirror.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +33,15 @@ def need_root() -> None:
             pytest.skip(f"needs {tool} (util-linux / passwd)")
 
 
+def seed_wheel_cache(home: Path) -> Path:
+    """``home``'s wheel cache holding the CPU wheel, as ``make`` leaves it."""
+    folder = home / ".cache/warmstart/llama-wheels/cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / cached_llama_wheel().name
+    shutil.copyfile(cached_llama_wheel(), wheel)
+    return wheel
+
+
 def _pip_caches() -> list[Path]:
     caches = [Path.home() / ".cache" / "pip"]
     if os.environ.get("PIP_CACHE_DIR"):
@@ -38,7 +50,10 @@ def _pip_caches() -> list[Path]:
 
 
 def cached_llama_wheel() -> Path:
-    """The llama-cpp-python wheel pip built for the developer's venv, or skip."""
+    """The llama-cpp-python CPU wheel the developer's venv was installed from, or skip."""
+    made = sorted((Path.home() / ".cache/warmstart/llama-wheels/cpu").glob(LLAMA_WHEEL))
+    if made:
+        return made[-1]
     for cache in _pip_caches():
         found = sorted(cache.glob(f"wheels/**/{LLAMA_WHEEL}"))
         if found:
@@ -93,3 +108,35 @@ def run_as(
 def tree(path: Path) -> list[str]:
     """Every file, link and directory under ``path``, relative, sorted."""
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def start_on(python: Path, user: str, *, deaf: bool = False) -> subprocess.Popen[str]:
+    """A process of ``user`` on ``python``, standing for the app or a server started
+    from that venv, once it runs; ``deaf``: one that ignores SIGTERM."""
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if deaf else ""
+    code = f"import signal, time; {ignore}print('ready', flush=True); time.sleep(300)"
+    proc = subprocess.Popen(
+        ["runuser", "-u", user, "--", str(python), "-c", code], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def pids_on(python: Path) -> list[int]:
+    """The processes whose command line starts with ``python``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(bytes(python) + b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it ended meanwhile
+    return found
+
+
+def stop(proc: subprocess.Popen[str], python: Path) -> None:
+    """Ends a start_on() process, whatever the test did to it."""
+    for pid in pids_on(python):
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.communicate()

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from .helpers import SYSTEM_PATH, chown_tree, copy_checkout, pip_env, run_as, tree
+from .helpers import (
+    SYSTEM_PATH,
+    chown_tree,
+    copy_checkout,
+    pids_on,
+    pip_env,
+    run_as,
+    seed_wheel_cache,
+    start_on,
+    stop,
+    tree,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +38,7 @@ class Desktop:
         self.user, self.home = user, scratch / "home"
         self.src = copy_checkout(scratch / "src")
         self.home.mkdir()
+        self.wheel = seed_wheel_cache(self.home)  # as `make run` leaves it
         (scratch / "pip-cache").mkdir()
         for path in (self.home, self.src, scratch / "pip-cache"):
             chown_tree(path, user)
@@ -34,10 +47,13 @@ class Desktop:
         self.data = self.home / ".local/share"
         self.launcher = self.home / ".local/bin/warmstart"
 
-    def install(self, *flags: str) -> str:
+    def run(self, *flags: str) -> subprocess.CompletedProcess[str]:
         # --cpu: a CI machine with nvcc and a GPU would otherwise build CUDA for 30 minutes
         argv = ["sh", str(self.src / "installers/linux/install.sh"), "--cpu", *flags]
-        proc = run_as(self.user, argv, self.env)
+        return run_as(self.user, argv, self.env)
+
+    def install(self, *flags: str) -> str:
+        proc = self.run(*flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -83,13 +99,74 @@ def test_install_ask_upgrade_uninstall_purge(desktop: Desktop) -> None:
     assert desktop.warmstart("sessions", "list").stdout == sessions  # the conversation is kept
     assert model.stat().st_ino == model_inode  # the model was not pulled again
 
-    desktop.install("--uninstall")
+    out = desktop.install("--uninstall")
     left = tree(desktop.home)
     user_data = [p for p in left if p.startswith(".local/share/warmstart/")]
-    assert set(left) - set(user_data) == {".local", ".local/share", ".local/share/warmstart"}
+    # the wheel cache the test seeded (as `make run` leaves it) is shared, and stays
+    wheels = desktop.wheel.relative_to(desktop.home)
+    seeded = {str(p) for p in (wheels, *wheels.parents) if str(p) != "."}
+    assert "kept the compiled llama-cpp-python" in out
+    assert set(left) - set(user_data) - seeded == {
+        ".local",
+        ".local/share",
+        ".local/share/warmstart",
+    }
     assert not any(p.startswith(".local/share/warmstart/venv") for p in left)
     assert not (desktop.data / "applications").exists() and not (desktop.data / "icons").exists()
     assert model.is_file() and (desktop.data / "warmstart/sessions.db").is_file()
 
     desktop.install("--uninstall", "--purge")
     assert tree(desktop.home) == []
+
+
+def _timed(desktop: Desktop, *flags: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = desktop.run(*flags)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, time.monotonic() - started
+
+
+def test_fresh_install_takes_the_cached_wheel_and_a_second_reuses_it(desktop: Desktop) -> None:
+    """A fresh HOME whose wheel cache holds the CPU build (as after `make run`): the
+    installer compiles nothing (pip is forbidden to build llama-cpp-python here); a
+    second run reuses it too; --uninstall stops what runs from the venv first."""
+    desktop.env["PIP_ONLY_BINARY"] = "llama-cpp-python"
+    del desktop.env["PIP_FIND_LINKS"]  # the cache alone: no wheelhouse to fall back on
+    first, fresh_s = _timed(desktop, "--no-model")
+    cache = desktop.wheel.parent
+    assert f"reusing the compiled llama-cpp-python 0.3.36 in {cache}" in first.stderr
+    assert "compiling" not in first.stdout + first.stderr
+    assert sorted(p.name for p in cache.iterdir()) == [desktop.wheel.name]  # nothing built
+    build = (desktop.data / "warmstart/venv/.warmstart-build").read_text()
+    assert build.split() == ["cpu", "llama-cpp-python==0.3.36", desktop.wheel.name]
+    assert desktop.warmstart("--version").stdout.strip()
+
+    second, again_s = _timed(desktop, "--no-model")
+    assert "reusing the compiled llama-cpp-python" in second.stderr
+    assert "creating the virtual environment" not in second.stdout  # repaired in place
+    # the figures the README gives (printed with pytest -s)
+    print(f"\ninstall with a cached wheel: {fresh_s:.0f} s; again: {again_s:.0f} s")
+    _uninstall_stops_what_runs(desktop)
+    assert desktop.wheel.is_file()  # the cache outlives the program; --purge removes it
+
+
+def _uninstall_stops_what_runs(desktop: Desktop) -> None:
+    """A running app or server of this install is stopped before its venv goes; one
+    that does not stop is named, and nothing is removed."""
+    venv = desktop.data / "warmstart/venv"
+    deaf = start_on(venv / "bin/python", desktop.user, deaf=True)
+    try:
+        refused = desktop.run("--uninstall")
+        assert refused.returncode != 0
+        assert f"still running after 15 s: {pids_on(venv / 'bin/python')[0]}" in refused.stderr
+        assert "nothing was removed" in refused.stderr and (venv / "bin/python").is_file()
+    finally:
+        stop(deaf, venv / "bin/python")
+    app = start_on(venv / "bin/python", desktop.user)
+    try:
+        out = desktop.install("--uninstall")
+        assert f"stopping what runs from {venv}" in out
+        assert app.wait(timeout=30) != 0  # ended by SIGTERM, before the removal
+        assert not venv.exists()
+    finally:
+        stop(app, venv / "bin/python")

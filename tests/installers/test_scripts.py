@@ -29,10 +29,19 @@ def test_shell_syntax(script: str) -> None:
         assert checked.returncode == 0
 
 
-@pytest.mark.parametrize("script", ["installers/linux/install.sh", "installers/macos/install.sh"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "installers/linux/install.sh",
+        "installers/linux/install-server.sh",
+        "installers/macos/install.sh",
+    ],
+)
 def test_help_and_bad_options(script: str) -> None:
     helped = subprocess.run(["sh", str(REPO / script), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "--uninstall" in helped.stdout
+    assert "set -eu" not in helped.stdout and "#" not in helped.stdout  # the comment only
+    assert helped.stdout.splitlines()[0].startswith("warmstart")
     bad = subprocess.run(["sh", str(REPO / script), "--bogus"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown option --bogus" in bad.stderr
 
@@ -85,6 +94,9 @@ def test_container_files_agree() -> None:
     assert compose["secrets"][secret]["file"] == "./api-key"
     assert any(v.endswith(":/var/lib/warmstart") for v in service["volumes"])
     assert "ARG CUDA=0" in text and "-DGGML_CUDA=on" in text and "USER warmstart" in text
+    # the wheel cache all install paths share, kept between image builds
+    assert "--mount=type=cache,target=/root/.cache/warmstart/llama-wheels" in text
+    assert "installers/llama_wheel.py --version" in text
 
 
 def test_license_matches_pyproject() -> None:

@@ -8,6 +8,7 @@ $CREDENTIALS_DIRECTORY and $NOTIFY_SOCKET set as systemd would set them.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import shlex
@@ -15,13 +16,14 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .helpers import REPO, SYSTEM_PATH, need_root, pip_env
+from .helpers import REPO, SYSTEM_PATH, need_root, pip_env, seed_wheel_cache, start_on, stop
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +48,20 @@ class Server:
         self.root.mkdir()
         self.port = _free_port()
         (scratch / "pip-cache").mkdir()
+        self.wheel = seed_wheel_cache(scratch)  # root's cache, as `make run` leaves it
         self.env = {"PATH": SYSTEM_PATH, "HOME": str(scratch), "LANG": "C.UTF-8"}
         self.env.update(pip_env(wheelhouse, scratch / "pip-cache"))
         self.unit = self.root / "etc/systemd/system/warmstart.service"
         self.key = self.root / "etc/warmstart/api-key"
         self.state = self.root / "var/lib/warmstart"
 
-    def install(self, *flags: str) -> str:
+    def run(self, *flags: str) -> subprocess.CompletedProcess[str]:
         argv = ["sh", str(REPO / "installers/linux/install-server.sh"), "--root", str(self.root),
                 "--service-user", USER, "--cpu", *flags]  # fmt: skip
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=900)
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=900)
+
+    def install(self, *flags: str) -> str:
+        proc = self.run(*flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -151,6 +157,10 @@ def _run_exec_start(server: Server, scratch: Path) -> None:
         assert wrong.status_code == 401
         good = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
         assert good.status_code == 200 and good.json()["data"]
+        # the admin's `sudo warmstart` finds the service and gets in with its key
+        stats = _wrapper(server, "cache", "stats", "--json")
+        assert stats.returncode == 0, stats.stderr
+        assert "source" not in json.loads(stats.stdout)  # the server's stats, not the files'
     finally:
         notify.close()
         proc.terminate()
@@ -181,3 +191,87 @@ def test_install_serve_upgrade_uninstall(server: Server, scratch: Path) -> None:
     server.install("--uninstall", "--purge")
     assert not server.state.exists() and not (server.root / "etc/warmstart").exists()
     assert subprocess.run(["id", USER], capture_output=True).returncode != 0
+
+
+def _as_service(server: Server, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": SYSTEM_PATH, "HOME": str(server.state), "WARMSTART_DATA_DIR": str(server.state)}
+    cmd = ["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/")
+
+
+def test_failed_then_repaired_install(server: Server, scratch: Path) -> None:
+    """The issue's case: root's python3 is one the service user cannot reach (pyenv's
+    under /root), and a venv made from it was left behind. The run that names it fails
+    at once and says why; the next run repairs: a system Python, a venv made again."""
+    hidden = scratch / "root-only"
+    (hidden / "bin").mkdir(parents=True)
+    hidden.chmod(0o700)
+    python = hidden / "bin/python3"
+    python.symlink_to("/usr/bin/python3")  # the venv links through it, as pyenv's does
+    venv = server.root / "opt/warmstart/venv"
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True)
+
+    failed = server.run("--python", str(python), "--no-model")
+    assert failed.returncode != 0 and f"the user {USER} cannot run {python}" in failed.stderr
+
+    server.env["PATH"] = f"{hidden / 'bin'}:{SYSTEM_PATH}"  # root's PATH finds it first
+    started = time.monotonic()
+    proc = server.run("--no-model", "--host", "127.0.0.1", "--port", str(server.port))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"\nrepaired server install: {time.monotonic() - started:.0f} s")  # for the README
+    out = proc.stdout
+    assert f"recreating {venv}: the user {USER} cannot run it" in out
+    assert f"using /usr/bin/python3: the user {USER} cannot run {python}" in out
+    assert "reusing the compiled llama-cpp-python 0.3.36" in proc.stderr  # nothing compiled
+    assert not os.path.realpath(venv / "bin/python").startswith(str(hidden))
+    assert _as_service(server, [str(venv / "bin/python"), "-c", ""]).returncode == 0
+    # --root starts nothing, and the summary says so instead of claiming a live URL
+    assert f"will serve http://127.0.0.1:{server.port}/v1 once started" in out
+    assert "sudo warmstart models pull NAME" in out
+    _check_unit(server)
+    assert server.directives("StartLimitBurst") == ["5"]  # a bounded retry, not a loop
+    _check_wrapper(server)
+    _check_vanished_address(server, venv)
+
+    # every interface, under --root: this machine's address is not the target's
+    out = server.install("--no-model", "--host", "0.0.0.0")
+    assert f"will serve http://SERVER-ADDRESS:{server.port}/v1 once started" in out
+    assert "creating the virtual" not in out  # the venv of the repaired run is kept
+
+    running = start_on(venv / "bin/python", USER)  # a server started by hand, say
+    try:
+        out = server.install("--uninstall", "--purge")
+        assert f"stopping what runs from {venv}" in out and running.wait(timeout=30) != 0
+    finally:
+        stop(running, venv / "bin/python")
+    assert not (server.root / "usr/local/bin/warmstart").exists()
+    assert subprocess.run(["id", USER], capture_output=True).returncode != 0
+
+
+def _wrapper(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    """The admin's command, its paths under the scratch root, run as root."""
+    script = server.in_root((server.root / "usr/local/bin/warmstart").read_text())
+    argv = ["sh", "-c", script, "warmstart", *args]
+    env = {"PATH": SYSTEM_PATH}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+
+
+def _check_wrapper(server: Server) -> None:
+    """`sudo warmstart ...` works on the service's data, as the service user."""
+    wrapper = server.root / "usr/local/bin/warmstart"
+    assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
+    stats = _wrapper(server, "cache", "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["source"] == "files (no server answered)"
+    uid = pwd.getpwnam(USER).pw_uid
+    assert all(p.stat().st_uid == uid for p in server.state.rglob("*"))  # nothing root's
+
+
+def _check_vanished_address(server: Server, venv: Path) -> None:
+    """A --host this machine lacks (a DHCP lease gone): one clear line, exit 2, at once."""
+    key = "k" * 32
+    gone = _as_service(server, [str(venv / "bin/warmstart"), "serve", "--host", "192.0.2.1",
+                                "--port", str(server.port), "--api-key", key])  # fmt: skip
+    assert gone.returncode == 2
+    lines = gone.stderr.strip().splitlines()
+    assert lines == ["warmstart: host: '192.0.2.1' is not an address of this machine"], lines
