@@ -73,7 +73,7 @@ class WarmstartApp:
         # The app's own file: its preferences, and conversations only for a server that
         # keeps none. A warmstart server keeps them (self.server_history is the view).
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
-        self.server_history = ServerHistory(self.store)
+        self.server_history = ServerHistory(self.store, self.store)
         self.history: History = self.server_history  # until the server's kind is known
         self._shut_down = False
         self._server_model = ""  # the model the server said it had loaded, at connecting
@@ -232,6 +232,9 @@ class WarmstartApp:
         chat.conversations_changed.connect(self.library.reload)
         chat.conversations_changed.connect(lambda: self._select(chat.current))
         chat.report_received.connect(self.memory.add_report)
+        chat.opened.connect(
+            lambda cid, msgs: self.memory.recall(cid, [m.report for m in msgs if m.report])
+        )
         # list
         w.conversations.clicked.connect(self._open_index)
         w.conversations.activated.connect(self._open_index)
@@ -418,7 +421,7 @@ class WarmstartApp:
 
     def _fresh_server_history(self) -> None:
         """The new server's list, not the last one's."""
-        old, self.server_history = self.server_history, ServerHistory(self.store)
+        old, self.server_history = self.server_history, ServerHistory(self.store, self.store)
         if self.history is old:
             self.history = self.server_history
             self.chat.set_history(self.server_history)
