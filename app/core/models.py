@@ -54,7 +54,7 @@ class LocalListing:
     """The local server's models directory and the catalogue, sized and fitted."""
 
     installed: dict[str, int]  # name -> bytes
-    catalogue: list[ModelInfo]
+    catalogue: list[ModelInfo]  # what is known of each: the catalogue's, the user's files
 
 
 def merge(served: Iterable[str], local: LocalListing | None) -> list[ModelInfo]:
@@ -109,17 +109,25 @@ class LocalModels:
         return {str(m["name"]): int(str(m["bytes"])) for m in self.manager.list()}
 
     def listing(self) -> LocalListing:
-        """Slow (probes the machine): call it on a worker thread."""
-        from ...runtime.catalogue import fit
+        """Slow (probes the machine, reads headers): call it on a worker thread."""
+        from ...runtime.catalogue import fit, fit_bytes
         from ...runtime.hardware import probe
+        from ...runtime.installed import installed_paths, needs_bytes
+        from ...runtime.models import with_default
 
         profile = probe(self.cache_dir)
         rows = []
-        for entry in self.manager.catalogue.values():
+        catalogue = with_default(self.manager.catalogue)
+        for entry in catalogue.values():
             where, why = fit(entry, profile)
             rows.append(
                 ModelInfo(entry.name, entry.title, entry.size_bytes, fit=where, fit_reason=why)
             )
+        # a file of the user's own: its fit from its size and header, as the catalogue's
+        for name, path in installed_paths(self.models_dir).items():
+            if name not in catalogue:
+                where, why = fit_bytes(needs_bytes(path), profile)
+                rows.append(ModelInfo(name, path.name, fit=where, fit_reason=why))
         return LocalListing(self.installed(), rows)
 
     def download(self, name: str, progress: Progress, cancel: threading.Event) -> Path:

@@ -8,6 +8,7 @@ Used from the GUI thread only (each call is a few milliseconds on a local file).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -46,6 +47,11 @@ class StoredMessage:
 
     def as_api(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
+
+
+def content_digest(content: str) -> str:
+    """Which reply a kept report belongs to (the server may trim what it saves)."""
+    return hashlib.sha256(content.strip().encode()).hexdigest()
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:
@@ -187,6 +193,30 @@ class ConversationStore:
     @staticmethod
     def _report(report: ReplyReport | None) -> str | None:
         return json.dumps(report.to_json()) if report else None
+
+    # -- the reports of the server's conversations -------------------------------------
+
+    def keep_report(self, cid: str, position: int, content: str, report: ReplyReport) -> None:
+        """What the server reported for the reply at ``position`` of a conversation it
+        keeps (it keeps the reply's text, not the report the app showed under it)."""
+        self._write(
+            "INSERT OR REPLACE INTO reply_reports VALUES (?,?,?,?)",
+            (cid, position, content_digest(content), self._report(report)),
+        )
+
+    def kept_reports(self, cid: str) -> dict[int, tuple[str, ReplyReport]]:
+        """Position -> (the digest of the reply it was for, its report)."""
+        rows = self._db.execute(
+            "SELECT position, content_sha256, report FROM reply_reports WHERE conversation_id = ?",
+            (cid,),
+        )
+        return {int(r[0]): (str(r[1]), ReplyReport.from_json(json.loads(r[2]))) for r in rows}
+
+    def drop_reports(self, cid: str, keep: int = 0) -> None:
+        """Forgets the reports from position ``keep`` on (all: the conversation is gone)."""
+        self._write(
+            "DELETE FROM reply_reports WHERE conversation_id = ? AND position >= ?", (cid, keep)
+        )
 
     # -- preferences -------------------------------------------------------------------
 

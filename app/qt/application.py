@@ -73,9 +73,10 @@ class WarmstartApp:
         # The app's own file: its preferences, and conversations only for a server that
         # keeps none. A warmstart server keeps them (self.server_history is the view).
         self.store = ConversationStore(options.data_dir / "conversations.db", self.secrets)
-        self.server_history = ServerHistory(self.store)
+        self.server_history = ServerHistory(self.store, self.store)
         self.history: History = self.server_history  # until the server's kind is known
         self._shut_down = False
+        self._server_model = ""  # the model the server said it had loaded, at connecting
         self._history_of: Backend | None = None  # the server self.server_history lists
         prefs = Preferences.load(self.store, self.secrets)
         # The local server's key: fresh for each run, given to no other server.
@@ -231,6 +232,9 @@ class WarmstartApp:
         chat.conversations_changed.connect(self.library.reload)
         chat.conversations_changed.connect(lambda: self._select(chat.current))
         chat.report_received.connect(self.memory.add_report)
+        chat.opened.connect(
+            lambda cid, msgs: self.memory.recall(cid, [m.report for m in msgs if m.report])
+        )
         # list
         w.conversations.clicked.connect(self._open_index)
         w.conversations.activated.connect(self._open_index)
@@ -258,6 +262,7 @@ class WarmstartApp:
         picker.cancel_requested.connect(models.cancel_download)
         models.listed.connect(picker.set_models)
         models.current_changed.connect(picker.set_current)
+        models.current_changed.connect(lambda _name: self._show_connected())
         models.loading_changed.connect(self._on_model_loading)
         models.download_progress.connect(picker.set_download)
         models.error.connect(lambda text: view.show_error(text, "models"))
@@ -416,7 +421,7 @@ class WarmstartApp:
 
     def _fresh_server_history(self) -> None:
         """The new server's list, not the last one's."""
-        old, self.server_history = self.server_history, ServerHistory(self.store)
+        old, self.server_history = self.server_history, ServerHistory(self.store, self.store)
         if self.history is old:
             self.history = self.server_history
             self.chat.set_history(self.server_history)
@@ -535,15 +540,24 @@ class WarmstartApp:
 
     def _on_ready(self, health: object) -> None:
         model = getattr(health, "model", None)
-        self.window.connection_label.setText(
-            f"● connected to {self.connection.backend.base_url}" + (f" · {model}" if model else "")
-        )
+        self._server_model = str(model) if model else ""
+        self._show_connected()
         self.window.chat.show_error("", "connection")
         self.window.chat.show_progress("")
         if self.models.loading:
             self._on_model_loading(self.models.loading)
         prewarm = self.prefs.overrides.get("prewarm_sessions")
         self.library.prewarm_recent(int(prewarm) if prewarm and prewarm.isdigit() else 3)
+
+    def _show_connected(self) -> None:
+        """The status bar's connection and model: the one picked, else the one the
+        server said it has loaded (a switch changes it; replies do not)."""
+        if not self.connection.ready:
+            return
+        model = self.models.current or self._server_model
+        self.window.connection_label.setText(
+            f"● connected to {self.connection.backend.base_url}" + (f" · {model}" if model else "")
+        )
 
     def _on_model_loading(self, name: str) -> None:
         self.window.models.set_loading(name)

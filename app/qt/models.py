@@ -25,17 +25,22 @@ class Roles(IntEnum):
     Updated = Qt.ItemDataRole.UserRole + 5
 
 
+BADGE_SIZE = (44, 20)  # the conversation list's icon size: a smaller one scales it down
+
+
 def location_badge(location: str) -> QIcon:
-    """A small pill naming the tier that holds a conversation's KV."""
-    pixmap = QPixmap(34, 16)
+    """A pill naming the tier that holds a conversation's KV, readable at a glance:
+    white bold text of 11 px on the tier's colour."""
+    width, height = BADGE_SIZE
+    pixmap = QPixmap(width, height)
     pixmap.fill(Qt.GlobalColor.transparent)
     painter = QPainter(pixmap)
     painter.setRenderHint(QPainter.RenderHint.Antialiasing)
     painter.setPen(Qt.PenStyle.NoPen)
     painter.setBrush(QColor(LOCATION_COLORS.get(location, LOCATION_COLORS["none"])))
-    painter.drawRoundedRect(0, 1, 34, 14, 7, 7)
+    painter.drawRoundedRect(0, 1, width, height - 2, (height - 2) / 2, (height - 2) / 2)
     font = QFont()
-    font.setPixelSize(9)
+    font.setPixelSize(11)
     font.setBold(True)
     painter.setFont(font)
     painter.setPen(QColor("white"))

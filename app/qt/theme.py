@@ -9,6 +9,9 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+# The error banner's red in both themes: white text on it has a contrast of 5.6:1
+# (WCAG AA asks 4.5:1); its buttons are white too, never the muted grey of flat ones.
+ERROR_RED = "#c92a2a"
 
 # (window, base, alternate base, text, button, highlight, muted text, bubble user, bubble bot)
 _COLORS = {
@@ -92,11 +95,15 @@ def stylesheet(scheme: str) -> str:
         background: transparent; border: none; }}
     QLabel#role {{ color: {c[6]}; font-weight: 600; }}
     QLabel#muted {{ color: {c[6]}; }}
-    QFrame#banner_error {{ background: #c92a2a; border-radius: 6px; }}
+    QFrame#banner_error {{ background: {ERROR_RED}; border-radius: 6px; }}
     QFrame#banner_error QLabel {{ color: white; }}
     QFrame#banner_info {{ background: {c[2]}; border-radius: 6px; }}
     QToolButton#flat {{ border: none; color: {c[6]}; padding: 2px 6px; }}
     QToolButton#flat:hover {{ color: {c[5]}; }}
+    QFrame#banner_error QToolButton#flat {{ color: white; font-weight: 600;
+        border: 1px solid rgba(255, 255, 255, 190); border-radius: 4px; padding: 2px 10px; }}
+    QFrame#banner_error QToolButton#flat:hover {{ background: rgba(255, 255, 255, 40); }}
+    QFrame#banner_info QToolButton#flat {{ color: {c[3]}; }}
     QPlainTextEdit#composer {{ border: 1px solid {c[2]}; border-radius: 8px; padding: 6px;
                               background: {c[1]}; }}
     """

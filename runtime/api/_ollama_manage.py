@@ -31,7 +31,7 @@ from pydantic import Field
 from .. import pull as _pull
 from ..errors import ModelNotFound, WarmstartError
 from ..installed import installed_paths
-from ..models import KNOWN, ModelManager
+from ..models import KNOWN, ModelManager, known_names
 from ._errors import APIError, unsupported
 from ._ollama_body import Body
 from ._ollama_models import untagged
@@ -223,10 +223,10 @@ def _check_pullable(st: AppState, name: str) -> None:
         if owner_repo.count("/") == 1 and filename.endswith(".gguf"):
             return
         raise APIError(400, f"{name}: expected hf:OWNER/REPO/FILE.gguf", param="model")
-    known = ", ".join([*KNOWN, *manager.catalogue])
     raise APIError(
         404,
-        f"no known model named {name!r}; known: {known}; or hf:OWNER/REPO/FILE.gguf",
+        f"no known model named {name!r}; known: {known_names(manager.catalogue)}; "
+        "or hf:OWNER/REPO/FILE.gguf",
         param="model",
         code="model_not_found",
     )

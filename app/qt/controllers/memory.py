@@ -75,6 +75,17 @@ class MemoryController(QObject):
         self.last_report.emit(report)
         self.refresh()
 
+    def recall(self, conversation: str, reports: list[ReplyReport]) -> None:
+        """The kept reports of a conversation reopened before this run has a reply of
+        its own: the panel shows again what it showed for them (the last reply, the
+        plot), not "no reply yet" beside the cache lines of the conversation shown."""
+        if self.points or not reports:
+            return
+        now = time.time()
+        self.points = [ReplyPoint(now, conversation, r) for r in reports][-self._max :]
+        self.history_changed.emit(self.points)
+        self.last_report.emit(reports[-1])
+
     def _on_stats(self, data: object) -> None:
         self._in_flight -= 1
         self.latest = parse_stats(data) if isinstance(data, dict) else None

@@ -155,8 +155,11 @@ class Banner(QFrame):
             self.hide()
             return
         self.setObjectName("banner_error" if error else "banner_info")
-        self.style().unpolish(self)
-        self.style().polish(self)
+        # the label and the button too: their colours hang on the banner's name, and Qt
+        # restyles only the widget repolished (the button stayed grey on the red)
+        for widget in (self, self.label, self.dismiss_button):
+            widget.style().unpolish(widget)
+            widget.style().polish(widget)
         self.label.setText(text)
         self.progress.setVisible(busy or fraction is not None)
         self.progress.setRange(0, 0 if fraction is None else 100)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..models import BADGE_SIZE
 from .chat_view import ChatView
 from .memory_panel import MemoryPanel
 from .model_picker import ModelPicker
@@ -36,6 +37,7 @@ class MainWindow(QMainWindow):
         self.new_button = QPushButton("New conversation")
         self.conversations = QListView()
         self.conversations.setUniformItemSizes(True)
+        self.conversations.setIconSize(QSize(*BADGE_SIZE))  # else the badge shrinks to 16 px
         self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversations.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
@@ -23,6 +24,18 @@ from ..models import LOCATION_COLORS
 
 TIER_TITLES = {"live": "Live context", "ram": "RAM pool", "disk": "Disk"}
 DEGRADED_COLOR = "#c0392b"  # reads on the light and the dark theme
+
+
+def axis_top(highest: float) -> float:
+    """The top of the y axis: a round number (1, 2 or 5 times a power of ten) above
+    ``highest`` with some room, so that its half is a round number too."""
+    want = max(highest * 1.1, 1.0)
+    power = 10.0 ** math.floor(math.log10(want))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= want)
+
+
+def tick_label(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:g}"
 
 
 class TtftPlot(QWidget):
@@ -48,24 +61,30 @@ class TtftPlot(QWidget):
         painter.setPen(QPen(grid, 1))
         painter.drawRect(area)
         values = [float(p.report.ttft_ms or 0.0) for p in self.points]
-        top = max([*values, 1.0]) * 1.15
         painter.setPen(text)
         font = painter.font()
         font.setPointSizeF(max(6.0, font.pointSizeF() * 0.8))
         painter.setFont(font)
-        for frac in (0.0, 0.5, 1.0):
-            y = area.bottom() - frac * area.height()
-            painter.drawText(
-                QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, f"{top * frac:,.0f}"
-            )
         painter.drawText(
             QRectF(area.left(), area.bottom() + 2, area.width(), 16),
             Qt.AlignmentFlag.AlignCenter,
             "time to first token (ms), last replies",
         )
         if not values:
-            painter.drawText(area, Qt.AlignmentFlag.AlignCenter, "no replies yet")
+            # no scale without a value: an axis of "1, 1, 0" ms reads as a measurement
+            painter.drawText(
+                area.adjusted(8, 0, -8, 0),
+                Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
+                "No replies yet.\nEach reply's time to first token shows here.",
+            )
+            painter.end()
             return
+        top = axis_top(max(values))
+        for frac in (0.0, 0.5, 1.0):
+            y = area.bottom() - frac * area.height()
+            painter.drawText(
+                QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, tick_label(top * frac)
+            )
         step = area.width() / max(1, len(values) - 1) if len(values) > 1 else 0.0
         xy = [
             QPointF(

@@ -17,10 +17,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ...core.models import ModelInfo
+from ...core.models import FIT_LABELS, ModelInfo
+
+STATES = ("State", "loading…", "downloading…", "in use", "installed")
 
 COLUMNS = ("Model", "Size", "Fits", "State")
 NameRole = Qt.ItemDataRole.UserRole
+# The widest text each fixed column can hold, so that no switch, load or download
+# changes a width (a column sized to its contents grew and pushed State out of sight).
+WIDEST: dict[int, tuple[str, ...]] = {
+    1: ("Size", "999.9 MB"),
+    2: ("Fits", *FIT_LABELS.values()),
+    3: STATES,
+}
+CELL_PADDING = 20  # the Fusion style's margins around a cell's text, and some air
 
 
 class ModelPicker(QWidget):
@@ -46,7 +56,12 @@ class ModelPicker(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in WIDEST:
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Fixed)
+        self._fit_columns()
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.cellDoubleClicked.connect(lambda _r, _c: self._activate())
         layout.addWidget(self.table, 1)
@@ -82,7 +97,7 @@ class ModelPicker(QWidget):
                 item.setData(NameRole, m.name)
                 item.setToolTip(tip)
                 self.table.setItem(row, col, item)
-        self.table.resizeColumnsToContents()
+        self._fit_columns()
         self.select(selected)
         self._update_buttons()
 
@@ -131,6 +146,30 @@ class ModelPicker(QWidget):
         return next((m for m in self.models if m.name == name), None)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _text_width(self, texts: tuple[str, ...] | list[str]) -> int:
+        metrics = self.table.fontMetrics()
+        return max((metrics.horizontalAdvance(t) for t in texts), default=0) + CELL_PADDING
+
+    def _fit_columns(self) -> None:
+        """Fixed columns as wide as their widest possible text; the names' column takes
+        the rest, and the table is never narrower than its longest name needs (the dock
+        cannot squeeze it into "smollm2-13…" nor hide a column behind a scrollbar)."""
+        fixed = 0
+        for col, texts in WIDEST.items():
+            width = self._text_width(texts)
+            self.table.setColumnWidth(col, width)
+            fixed += width
+        names = self._text_width(["Model", *(m.name for m in self.models)])
+        chrome = 2 * self.table.frameWidth() + self.table.verticalScrollBar().sizeHint().width()
+        self.table.setMinimumWidth(names + fixed + chrome)
+
+    def names_fit(self) -> bool:
+        """Every name shows whole and every column is in view (for tests and checks)."""
+        header = self.table.horizontalHeader()
+        inside = header.sectionPosition(3) + header.sectionSize(3) <= header.width()
+        need = self._text_width([m.name for m in self.models]) - CELL_PADDING // 2
+        return inside and need <= header.sectionSize(0)
 
     def _state(self, m: ModelInfo) -> str:
         if m.name == self.loading:
