@@ -144,8 +144,9 @@ def set_data_gbps(rt: Any) -> float:
 
 
 def one_step_s(rt: Any) -> float:
-    """One two-token decode at the end of the longest live conversation: what every hit
-    costs at least (the prompt's last two tokens are always decoded)."""
+    """One two-token decode at the end of the longest live conversation: what every RAM
+    or disk hit costs at least (the prompt's last two tokens are decoded again; a live
+    repeat draws from the logits its sequence kept)."""
 
     def measure() -> float:
         eng = rt.engine
@@ -584,7 +585,8 @@ def render(r: dict[str, Any]) -> str:
         f"  other question        {vs_cold('other_question_ttft_s')}"
         f"   ({r['other_question_cached_tokens']} tokens cached)",
         f"  one decode step       {r['one_step_s']:8.3f} s  (two tokens at that length: "
-        f"the floor of every hit; hits / step: live {r['live_ttft_s'] / r['one_step_s']:.2f}, "
+        f"the floor of a RAM or disk hit; hits / step: "
+        f"live {r['live_ttft_s'] / r['one_step_s']:.2f}, "
         f"RAM {r['ram_ttft_s'] / r['one_step_s']:.2f}, "
         f"disk {r['disk_ttft_s'] / r['one_step_s']:.2f})",
         f"decode {r['decode_tok_s']:.1f} tok/s; one thread {r['decode_tok_s_1_thread']:.1f} "

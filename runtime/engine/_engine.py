@@ -267,7 +267,8 @@ class Engine:
         """Where each turn opens, and around each assistant opening its end and the two
         tokens before it: the prompt's own last batches (see ``batch_cuts``' tail) are
         then batches of every later turn too, so the live prompt, not only what comes
-        before its opening, is kept for the next turn, and a repeat decodes two tokens."""
+        before its opening, is kept for the next turn, and a repeat decodes nothing (the
+        sequence keeps the logits its prompt ended with, see ``live_prefix``)."""
         opener = self.opener
         if not opener:
             return ()
