@@ -262,6 +262,11 @@ def test_ctrl_c_in_chat_returns_to_the_prompt_and_a_second_one_leaves(
     took = stopped - pressed
     print(f"chat: stopped {took * 1000:.0f} ms after Ctrl-C")
     assert took < 1.5, took
+    # A person presses it a moment after the prompt is back. The very instant it is
+    # drawn, CPython's readline has printed the prompt but not yet entered its select():
+    # a SIGINT landing there is only seen at the next key (seen here: the process sat
+    # at the prompt for the test's whole minute).
+    time.sleep(0.3)
     term.send(CTRL_C)
     assert term.wait() == 130
     assert "Traceback" not in term.text()

@@ -128,6 +128,9 @@ def test_a_megabyte_of_messages_is_refused_or_abandoned_and_frees_the_server(
 def test_an_abandoned_long_request_frees_the_server(real: Server, stream: bool) -> None:
     url = real.v1 + "/completions"
     body = {**LONG, "stream": stream}
+    # what the small chat takes on its own, on this machine now: the server is free
+    # within 2 s of the abandonment if the chat is answered within 2 s more than that
+    alone = _answered_after(real, time.monotonic())
     before = _stats(real)["completion_tokens"]
     received = 0
     t0 = time.monotonic()
@@ -148,10 +151,11 @@ def test_an_abandoned_long_request_frees_the_server(real: Server, stream: bool) 
     idle = _idle_after(real, left)
     stats = _stats(real)
     log.info(
-        "stream=%s: %d chunks read; a chat answered %.2f s and idle %.2f s after leaving",
-        *(stream, received, free, idle),
+        "stream=%s: %d chunks read; a chat answered %.2f s (%.2f s alone) and idle %.2f s "
+        "after leaving",
+        *(stream, received, free, alone, idle),
     )
-    assert free < 2.0, free
+    assert free < alone + 2.0, (free, alone)
     assert idle < 10.0, idle  # generous: the cancelled reply's prompt is kept first
     assert stats["queue"] == {"waiting": 0, "active": 0, "max_queue": 16}
     # cancelled, not run to its end: far fewer than max_tokens were generated
