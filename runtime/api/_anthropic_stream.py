@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine._tools import arguments_value
 from ..types import Done, Report, Stream, Token, ToolCall
 from ..types import Message as ChatMessage
+from ._middleware import ErrorBodyMiddleware
 from ._sse import SSEResponse, events
 
 log = logging.getLogger(__name__)
@@ -218,34 +218,15 @@ def is_messages_path(path: str) -> bool:
     return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
 
 
-class AnthropicErrorMiddleware:
-    """Rewrites the OpenAI-shaped error bodies of /v1/messages (from the handlers and
-    from the auth, Host and size middleware alike) into Anthropic's shape, which its
-    clients raise as typed errors. Successful replies pass untouched."""
+class AnthropicErrorMiddleware(ErrorBodyMiddleware):
+    """The error bodies of /v1/messages in Anthropic's shape, which its clients raise
+    as typed errors."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def applies(self, path: str) -> bool:
+        return is_messages_path(path)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_messages_path(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        held: list[bytes] = []
-
-        async def reshaped(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message
-                return
-            if start is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            held.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await _send_anthropic(send, start, b"".join(held))
-
-        await self.app(scope, receive, reshaped)
+    def reshape(self, status: int, raw: bytes) -> tuple[bytes, bytes | None]:
+        return _reshape(status, raw), b"application/json"
 
 
 def _reshape(status: int, raw: bytes) -> bytes:
@@ -256,18 +237,3 @@ def _reshape(status: int, raw: bytes) -> bytes:
         message = raw.decode("utf-8", "replace") or f"HTTP {status}"
     body = {"type": "error", "error": {"type": error_type(status), "message": message}}
     return json.dumps(body).encode()
-
-
-async def _send_anthropic(send: Send, start: Message, raw: bytes) -> None:
-    body = _reshape(start["status"], raw)
-    headers = [
-        (k, v)
-        for k, v in start.get("headers", [])
-        if k.lower() not in (b"content-length", b"content-type")
-    ]
-    headers += [
-        (b"content-length", str(len(body)).encode()),
-        (b"content-type", b"application/json"),
-    ]
-    await send({**start, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

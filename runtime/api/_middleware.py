@@ -231,3 +231,51 @@ class CountingMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.count_request(route, status)
+
+
+class ErrorBodyMiddleware:
+    """Rewrites the OpenAI-shaped error bodies of one dialect's routes (from the
+    handlers and from the auth, Host and size middleware alike) into that dialect's
+    shape, which its clients read. Successful replies pass untouched. A dialect says
+    which paths are its own (``applies``) and what its error body is (``reshape``:
+    the new body, and the content type to send it with, or None to keep it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def applies(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def reshape(self, status: int, raw: bytes) -> tuple[bytes, bytes | None]:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.applies(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        held: list[bytes] = []
+
+        async def reshaped(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            held.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self._send(send, start, b"".join(held))
+
+        await self.app(scope, receive, reshaped)
+
+    async def _send(self, send: Send, start: Message, raw: bytes) -> None:
+        body, content_type = self.reshape(start["status"], raw)
+        dropped = (b"content-length", b"content-type") if content_type else (b"content-length",)
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in dropped]
+        headers.append((b"content-length", str(len(body)).encode()))
+        if content_type:
+            headers.append((b"content-type", content_type))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

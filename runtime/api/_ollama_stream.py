@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..types import Done, Report, Stream, Token, ToolCall
 from ..types import Message as ChatMessage
+from ._middleware import ErrorBodyMiddleware
 from ._ollama_tools import tool_calls_json
 from ._sse import SSEResponse, events
 
@@ -138,43 +138,18 @@ class NDJSONResponse(SSEResponse):
         self._begin(stream, chunks, on_done, send_timeout, sock)
 
 
-class OllamaErrorMiddleware:
-    """Rewrites the OpenAI-shaped error bodies of /api/ routes (from the handlers and
-    from the auth, Host and size middleware alike) into Ollama's ``{"error": "..."}``,
-    which its clients show as the message. Successful replies pass untouched."""
+class OllamaErrorMiddleware(ErrorBodyMiddleware):
+    """The error bodies of /api/ routes in Ollama's ``{"error": "..."}``, which its
+    clients show as the message."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def applies(self, path: str) -> bool:
+        return path.startswith(API_PREFIX)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        held: list[bytes] = []
-
-        async def reshaped(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message
-                return
-            if start is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            held.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await _send_reshaped(send, start, b"".join(held))
-
-        await self.app(scope, receive, reshaped)
-
-
-async def _send_reshaped(send: Send, start: Message, raw: bytes) -> None:
-    try:
-        error = json.loads(raw)["error"]
-        body = json.dumps({"error": error["message"]}).encode() if isinstance(error, dict) else raw
-    except (ValueError, KeyError, TypeError):  # not ours: pass it on as it was
-        body = raw
-    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({**start, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    def reshape(self, status: int, raw: bytes) -> tuple[bytes, bytes | None]:
+        try:
+            error = json.loads(raw)["error"]
+        except (ValueError, KeyError, TypeError):  # not ours: pass it on as it was
+            return raw, None
+        return (
+            json.dumps({"error": error["message"]}).encode() if isinstance(error, dict) else raw
+        ), None
