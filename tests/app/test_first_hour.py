@@ -200,7 +200,11 @@ def test_a_reopened_conversation_shows_its_cache_lines(
     qtbot.waitUntil(lambda: again.chat.current == cid, timeout=WAIT)
     qtbot.waitUntil(lambda: len(again.window.chat.bubbles) == 4, timeout=WAIT)
     assert footers(again) == shown
-    assert all(b.footer.isVisibleTo(again.window) for b in again.window.chat.bubbles[1::2])
+    # shown once the reopened bubbles are laid out (after the list arrives, not with it)
+    qtbot.waitUntil(
+        lambda: all(b.footer.isVisibleTo(again.window) for b in again.window.chat.bubbles[1::2]),
+        timeout=WAIT,
+    )
     # the memory panel shows them again too: the last reply and the plot's two dots
     assert [p.report for p in again.memory.points] == [
         m.report for m in again.history.messages(cid) if m.report
