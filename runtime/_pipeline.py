@@ -78,6 +78,8 @@ class Job:
         self.tools = env.engine.tool_plan(request) if request.messages else None
         self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
+        # in the prompt's prefill: a cancel stops the decode in progress (see core)
+        self.prefilling = False
         # the conversation's next request is here: the reply's re-prefill is that
         # request's own prefill (it continues in the same sequence, in the same
         # batches), so it is skipped; the capture of the prompt's chunks is not
@@ -111,13 +113,19 @@ class Job:
             # the same prompt again, live: its first token comes from the logits kept
             kept = res.logits if have == len(self.ids) else None
             for ends in self._decodes(have, self.cuts):
+                last, done = ends[-1] == len(self.ids), False
+                if not self.stream.cancelled:
+                    self.prefilling = True
+                    try:
+                        done = engine.prefill(res, self.ids[have : ends[-1]], last, ends)
+                    finally:
+                        self.prefilling = False
+                have = ends[-1] if done else have
                 if self.stream.cancelled:  # the client went away: stop paying for its prompt
                     yield from self._cancelled_in_prefill(res, have)
                     return
-                last = ends[-1] == len(self.ids)
-                if not engine.prefill(res, self.ids[have : ends[-1]], last, ends):
-                    raise EngineError("a prompt's prefill was interrupted")  # never: see core
-                have = ends[-1]
+                if not done:  # only a cancel stops a request's own decode (see core)
+                    raise EngineError("a prompt's prefill was interrupted")
                 if last:
                     engine.keep_logits(res)
                 if not last:

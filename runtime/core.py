@@ -189,6 +189,8 @@ class LocalRuntime:
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
         self._idle = threading.Event()
         self._in_background = False  # the worker is in a step of background work
+        self._stepping: Job | None = None  # the job whose step the worker is in
+        self._aborting = False  # its prefill's decode was told to stop (its client left)
         self._idle.set()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
@@ -318,7 +320,7 @@ class LocalRuntime:
         request, ids, anchors, trimmed = self._fit(request, ids, anchors)
         if len(ids) >= self.n_ctx:
             raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
-        stream = QueueStream()
+        stream = QueueStream(on_cancel=lambda: self._abort_prefill(stream))
         self._streams.add(stream)
         with self._cv:
             if self._closing:
@@ -431,6 +433,8 @@ class LocalRuntime:
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
         background = job.background and self._mark_background(True)
+        with self._cv:
+            self._stepping = job
         try:
             next(steps)
         except StopIteration:
@@ -443,7 +447,25 @@ class LocalRuntime:
         finally:
             if background:
                 self._mark_background(False)
+            self._end_step()
         active.append((job, steps))
+
+    def _abort_prefill(self, stream: QueueStream) -> None:
+        """A client left while its prompt is being prefilled: the batch in progress
+        (up to merge_batch_tokens, seconds on a CPU) stops within one graph node and
+        keeps nothing, instead of running to its end before the cancel is seen."""
+        with self._cv:
+            job = self._stepping
+            if job is not None and job.stream is stream and job.prefilling:
+                self._aborting = True
+                self.engine.interrupt(True)
+
+    def _end_step(self) -> None:
+        with self._cv:
+            self._stepping = None
+            if self._aborting:  # the next step, of any job, decodes again
+                self._aborting = False
+                self.engine.interrupt(False)
 
     def _mark_background(self, running: bool) -> bool:
         """Background work (a reply's re-prefill) is running, or no longer: a request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .types import Done, Event, Message, Report, Token, TokenLogprob
 
@@ -17,9 +17,12 @@ class QueueStream:
     in the consumer. ``cancel()`` may come from any thread, at any time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_cancel: Callable[[], None] | None = None) -> None:
+        """``on_cancel``: called (on the cancelling thread) when the consumer cancels,
+        so the producer can stop work that polling would see only later."""
         self._queue: queue.Queue[Event | BaseException] = queue.Queue()
         self._cancel = threading.Event()
+        self._on_cancel = on_cancel
         self._finished = threading.Event()
         self._delivered: list[str] = []
 
@@ -49,7 +52,10 @@ class QueueStream:
 
     # consumer side
     def cancel(self) -> None:
+        first = not self._cancel.is_set()
         self._cancel.set()
+        if first and self._on_cancel is not None:
+            self._on_cancel()
 
     def __iter__(self) -> Iterator[Event]:
         while True:

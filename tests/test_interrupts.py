@@ -214,6 +214,38 @@ def test_a_reply_cancelled_in_prefill_is_saved_interrupted_and_its_batches_kept(
     assert text == oracle.generate(request).text()[0]
 
 
+def test_a_cancel_stops_the_prefill_batch_in_progress(make_runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A client that leaves during a batch (up to merge_batch_tokens, seconds on a CPU)
+    stops that batch at once, not at its end: the cancel comes while the worker is
+    inside llama.cpp's decode, which then keeps nothing; the next request decodes
+    again and is exact."""
+    from warmstart.runtime.types import Message
+
+    from tests.conftest import chat
+
+    request = chat("Which shelf holds item 41?", system=Message("system", INVENTORY))
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, n_ctx=2048)
+    rt = make_runtime(tmp_path / "cached", n_ctx=2048)
+    ctx, streams = rt.engine.ctx, []
+    decode, calls = ctx.decode, []
+
+    def cancel_then_decode(*args: object) -> int:
+        calls.append(args)
+        if len(calls) == 3:  # the worker is in the prompt's third batch: the client leaves
+            streams[0].cancel()
+        return int(decode(*args))
+
+    ctx.decode = cancel_then_decode
+    streams.append(rt.generate(request))
+    text, report = streams[0].text()
+    rt.wait_idle(60)
+    ctx.decode = decode
+    assert text == "" and report.finish_reason == "cancelled"
+    assert len(calls) == 3 and rt.engine.interruptions == 1  # stopped inside the batch
+    text, report = rt.generate(request).text()
+    assert report.finish_reason != "cancelled" and text == oracle.generate(request).text()[0]
+
+
 def test_a_pasted_block_and_a_fenced_block_are_one_turn_each(
     data_dir: Path, model_path: Path
 ) -> None:

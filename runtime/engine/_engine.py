@@ -169,7 +169,7 @@ class Engine:
         self.n_ctx = int(self.ctx.n_ctx) // n_seq
         self.residents = [Resident(seq) for seq in range(n_seq)]
         self.evictions = 0  # conversations pushed out of the live context
-        self.interruptions = 0  # background decodes stopped for a request
+        self.interruptions = 0  # decodes stopped: background work, a prefill its client left
         self.decoding = 0  # tokens of the decode in progress (0: none)
         self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
         self.prompter = PromptTokenizer(self.model)
