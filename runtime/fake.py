@@ -5,6 +5,9 @@ the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
 - Tokens are whitespace-led words of a fixed chat rendering of the messages;
   ``tokenize`` gives each word an id the first time it meets it.
+- Requests are admitted by the real runtime's admission (runtime/_admit.py): the
+  same rules, the same overflow rule and trim (``overflow``, as Settings.overflow),
+  over the fake tokenizer; only the session ids are named the fake's own way.
 - With ``Sampling.logprobs``, each reply word carries a pretend log-probability
   (the most likely of its alternatives, as a greedy draw's would be). A grammar
   cannot be followed without a model: it makes the reply the JSON object
