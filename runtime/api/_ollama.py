@@ -15,7 +15,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .._admit import Admitted, check_request
+from .._admit import Admitted, check_request, check_sampling
 from ..errors import ContextOverflow
 from ..service import Runtime
 from ..types import Report
@@ -88,8 +88,11 @@ async def _generate(
         empty, param = not body.prompt, "prompt"
         _check_size(st, 1, body.text_chars(), param)
     draft = body.to_request(session, 1)  # refuses what is unsupported before any work
-    if not empty:
-        check_request(draft)  # a bad value is refused before any model is switched to
+    # a bad value is refused before any model is switched to
+    if empty:  # Ollama's "load": no prompt, its options still checked
+        check_sampling(draft.sampling)
+    else:
+        check_request(draft)
     keep = manage.check_keep_alive(st, body.keep_alive_s)
     # the named model, loaded first when another one is (as Ollama does)
     wanted = models.untagged(body.model) or None
