@@ -7,6 +7,7 @@ llama.cpp.
 
 from typing import Any
 
+from ._admit import Admitted
 from .errors import (
     Busy,
     CacheError,
@@ -38,6 +39,7 @@ from .types import (
 )
 
 __all__ = [
+    "Admitted",
     "Busy",
     "CacheError",
     "Cancelled",

@@ -30,9 +30,10 @@ from .kvstore._ledger import Hit, Record
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
 from .streams import QueueStream
-from .types import Message, Report, Request, TokenLogprob
+from .types import Message, Report, TokenLogprob
 
 if TYPE_CHECKING:
+    from ._admit import Admitted
     from .sessions import SessionBook
 
 log = logging.getLogger(__name__)
@@ -53,29 +54,24 @@ class Env:
 
 class Job:
     def __init__(
-        self,
-        env: Env,
-        request: Request,
-        ids: list[int],
-        anchors: tuple[int, ...],
-        stream: QueueStream,
-        session_id: str | None,
-        want_logits: bool = False,
-        history: tuple[Message, ...] | None = None,
+        self, env: Env, admitted: Admitted, stream: QueueStream, want_logits: bool = False
     ) -> None:
-        """``history``: the whole conversation when ``request`` holds only the turns
-        that fit the context; the session keeps all of it."""
-        self.env, self.request, self.ids, self.anchors = env, request, ids, anchors
+        """``admitted``: the request as admission left it (runtime/_admit.py), taken
+        whole: its prompt ids, its session, its tool plan, its whole history."""
+        self.env, self.admitted = env, admitted
+        self.request, self.anchors = admitted.request, admitted.anchors
+        self.ids = list(admitted.ids)
         self.want_logits = want_logits
         self.logits: np.ndarray | None = None
         self.stream = stream
-        self.report = Report(prompt_tokens=len(ids), session_id=session_id)
+        self.report = Report(prompt_tokens=len(self.ids), session_id=admitted.session_id)
+        self.report.trimmed_messages = admitted.trimmed
         self.promotions: list[Record] = []  # disk chunks to bring into RAM after the reply
-        self.cuts = batch_cuts(len(ids), env.tuning.chunk_tokens, anchors, TAIL_TOKENS)
-        self.cached = request.use_cache and env.store is not None and env.engine.chunkable
+        self.cuts = batch_cuts(len(self.ids), env.tuning.chunk_tokens, self.anchors, TAIL_TOKENS)
+        self.cached = self.request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
         # a request with tools: the reply read back as text and tool calls
-        self.tools = env.engine.tool_plan(request) if request.messages else None
+        self.tools = admitted.tools
         self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
         # in the prompt's prefill: a cancel stops the decode in progress (see core)
@@ -85,7 +81,6 @@ class Job:
         # batches), so it is skipped; the capture of the prompt's chunks is not
         self.preempted = False
         self.captured = False  # the prompt's chunks are kept (after the reply)
-        self.history = history
         self.t0 = time.perf_counter()
 
     def steps(self) -> Iterator[None]:
@@ -96,7 +91,7 @@ class Job:
         hits = self._lookup()
         try:
             stored = hits[-1].end if hits else 0
-            sid = self.report.session_id
+            sid = self.admitted.session_id
             res, live = engine.claim(self.ids, self.cuts, sid, share, stored)
         except BaseException:
             self._release(hits)
@@ -396,10 +391,11 @@ class Job:
         return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
 
     def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
-        book, sid = self.env.sessions, self.report.session_id
+        book, sid = self.env.sessions, self.admitted.session_id
         if book is None or sid is None:
             return
-        messages = self.history if self.history is not None else self.request.messages
+        history = self.admitted.history
+        messages = history if history is not None else self.request.messages
         if self.reply_message is not None:
             messages = (*messages, self.reply_message)
         elif self.reply is not None:

@@ -16,12 +16,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
+from ._admit import Admitted, admit
 from ._embed_queue import EmbeddingQueue
 from ._embeddings import EmbeddingService
 from ._pipeline import Env, Job
@@ -35,9 +36,8 @@ from .engine._loader import (
     choose_loader,
     gpu_offload_supported,
 )
-from .engine._sampling import check_grammar, check_logit_bias
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
-from .errors import Busy, ContextOverflow, DiskUnavailable, EngineError, RequestError
+from .errors import Busy, DiskUnavailable, EngineError, RequestError
 from .kvstore._disk import DiskTier, reset_directory
 from .kvstore._keys import common_prefix
 from .kvstore._pool import RamPool
@@ -45,7 +45,7 @@ from .kvstore._pressure import MemoryWatcher
 from .kvstore._store import TieredStore
 from .models import DigestCache, ModelManager
 from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
-from .sessions import SessionBook, check_session_id, derived_session_id
+from .sessions import SessionBook, check_session_id
 from .settings import Settings
 from .streams import QueueStream
 from .types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
@@ -237,25 +237,6 @@ class LocalRuntime:
         )
 
     # requests ------------------------------------------------------------------------------
-    def _validate(self, request: Request) -> None:
-        s = request.sampling
-        if request.prompt is None and not request.messages:
-            raise RequestError("messages must not be empty", param="messages")
-        if request.prompt is not None and not request.prompt:
-            raise RequestError("prompt must not be empty", param="prompt")
-        if request.session_id is not None:
-            check_session_id(request.session_id)
-        if s.max_tokens < 1:
-            raise RequestError("max_tokens must be at least 1", param="max_tokens")
-        if not 0.0 <= s.temperature <= 2.0:
-            raise RequestError("temperature must be between 0 and 2", param="temperature")
-        if not 0.0 < s.top_p <= 1.0:
-            raise RequestError("top_p must be in (0, 1]", param="top_p")
-        check_logit_bias(self.engine.model, s)
-        if s.grammar is not None:
-            # only the vocabulary is read (fixed once loaded): safe off the worker thread
-            check_grammar(self.engine.model, s.grammar)
-
     def _check_room(self) -> None:
         """Busy before any work: tokenizing a large prompt must not precede the 429."""
         with self._cv:
@@ -268,10 +249,12 @@ class LocalRuntime:
         """Requests waiting, replies and embeddings (the lock held)."""
         return len(self._waiting) + self._embeds.waiting
 
+    def admit(self, request: Request) -> Admitted:
+        """Admits ``request`` once (runtime/_admit.py): what generate() runs."""
+        return admit(request, self.engine, self.n_ctx, self.settings.overflow, self._check_room)
+
     def count_tokens(self, request: Request) -> int:
-        self._validate(request)
-        self._check_room()
-        return len(self.engine.prompt_ids(request)[0])
+        return len(self.admit(request).ids)
 
     def tokenize(
         self, text: str, add_special: bool = False, parse_special: bool = True
@@ -295,7 +278,7 @@ class LocalRuntime:
         if self._closing:  # the model's memory is freed: never read it
             raise EngineError("the model was unloaded; send the request again")
 
-    def generate(self, request: Request) -> Stream:
+    def generate(self, request: Request | Admitted) -> Stream:
         return self._submit(request, want_logits=False)[0]
 
     def prompt_logits(self, request: Request) -> tuple[np.ndarray, Report]:
@@ -306,20 +289,10 @@ class LocalRuntime:
         assert job.logits is not None
         return job.logits, report
 
-    def _submit(self, request: Request, want_logits: bool) -> tuple[QueueStream, Job]:
-        # the tools' grammar first, so that _validate checks it as it checks any other
-        request = self._with_tool_grammar(request)
-        self._validate(request)
-        self._check_room()
-        # named by the whole conversation, before any trimming
-        session_id = request.session_id or (
-            derived_session_id(request.messages) if request.messages else None
-        )
-        whole = request.messages
-        ids, anchors = self.engine.prompt_ids(request)
-        request, ids, anchors, trimmed = self._fit(request, ids, anchors)
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflow(len(ids), request.sampling.max_tokens, self.n_ctx)
+    def _submit(self, request: Request | Admitted, want_logits: bool) -> tuple[QueueStream, Job]:
+        admitted = request if isinstance(request, Admitted) else self.admit(request)
+        if admitted.model != self.engine.fingerprint:  # its ids are another model's
+            raise RequestError("this request was admitted by another model; send it again")
         stream = QueueStream(on_cancel=lambda: self._abort_prefill(stream))
         self._streams.add(stream)
         with self._cv:
@@ -327,9 +300,7 @@ class LocalRuntime:
                 raise EngineError("the model was unloaded; send the request again")
             if self._queued() >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
-            history = whole if trimmed else None
-            job = Job(self.env, request, ids, anchors, stream, session_id, want_logits, history)
-            job.report.trimmed_messages = trimmed
+            job = Job(self.env, admitted, stream, want_logits)
             self._waiting.append(job)
             if self._in_background:  # a request waits: the background decode stops now
                 self.engine.interrupt(True)
@@ -337,44 +308,6 @@ class LocalRuntime:
             self.counters["requests"] += 1
             self._cv.notify()
         return stream, job
-
-    def _with_tool_grammar(self, request: Request) -> Request:
-        """A request whose tools force the reply's shape gets their grammar."""
-        plan = self.engine.tool_plan(request)
-        grammar = plan.grammar() if plan else None
-        if grammar is None:
-            return request
-        if request.sampling.grammar is not None:
-            raise RequestError("a reply format cannot be combined with tools", param="tools")
-        return replace(request, sampling=replace(request.sampling, grammar=grammar))
-
-    def _fit(
-        self, request: Request, ids: list[int], anchors: tuple[int, ...]
-    ) -> tuple[Request, list[int], tuple[int, ...], int]:
-        """With ``overflow = trim``, a conversation that leaves less than max_tokens of
-        room loses its earliest turns: the system prompt and the most recent turns that
-        fit stay (the kept part starts at a user turn). Returns the request to run,
-        its ids and anchors, and how many messages were left out."""
-        limit = self.n_ctx - request.sampling.max_tokens
-        messages = request.messages
-        if self.settings.overflow != "trim" or not messages or len(ids) <= limit:
-            return request, ids, anchors, 0
-        head = 1 if messages[0].role == "system" else 0
-        starts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
-        best: tuple[Request, list[int], tuple[int, ...], int] | None = None
-        lo, hi = 0, len(starts) - 1
-        while lo <= hi:  # fewer turns, fewer tokens: the earliest start that fits
-            mid = (lo + hi) // 2
-            kept = replace(request, messages=messages[:head] + messages[starts[mid] :])
-            kept_ids, kept_anchors = self.engine.prompt_ids(kept)
-            if len(kept_ids) <= limit:
-                best, hi = (kept, kept_ids, kept_anchors, starts[mid] - head), mid - 1
-            else:
-                lo = mid + 1
-        if best is None and starts:  # nothing leaves max_tokens: keep the last turn only
-            kept = replace(request, messages=messages[:head] + messages[starts[-1] :])
-            best = (kept, *self.engine.prompt_ids(kept), starts[-1] - head)
-        return best or (request, ids, anchors, 0)
 
     # the worker ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -409,9 +342,9 @@ class LocalRuntime:
         the follow-up at once): the previous reply's re-prefill is what that request
         prefills anyway, in the same batches, so the old job ends now (its prompt's
         chunks captured, its session saved) instead of making the new one wait."""
-        waiting = {j.report.session_id for j in self._waiting if j.report.session_id}
+        waiting = {j.admitted.session_id for j in self._waiting if j.admitted.session_id}
         for job, steps in list(active):
-            if not (job.background and job.report.session_id in waiting):
+            if not (job.background and job.admitted.session_id in waiting):
                 continue
             job.preempted = True
             self.counters["preempted"] += 1

@@ -5,6 +5,9 @@ the CLI and the app run in tests and demos without llama.cpp. What it pretends:
 
 - Tokens are whitespace-led words of a fixed chat rendering of the messages;
   ``tokenize`` gives each word an id the first time it meets it.
+- Requests are admitted by the real runtime's admission (runtime/_admit.py): the
+  same rules, the same overflow rule and trim (``overflow``, as Settings.overflow),
+  over the fake tokenizer; only the session ids are named the fake's own way.
 - With ``Sampling.logprobs``, each reply word carries a pretend log-probability
   (the most likely of its alternatives, as a greedy draw's would be). A grammar
   cannot be followed without a model: it makes the reply the JSON object
@@ -38,12 +41,13 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
+from ._admit import Admitted, admit
 from ._embed_queue import EmbeddingQueue, check_texts, check_tokens
-from .engine._tools import check_choice, new_call_id
-from .errors import Busy, Cancelled, ContextOverflow, RequestError
+from .engine._tools import ToolPlan, new_call_id
+from .errors import Busy, Cancelled, RequestError
 from .sessions import check_session_id
 from .streams import QueueStream
 from .types import (
@@ -52,6 +56,7 @@ from .types import (
     Message,
     Report,
     Request,
+    Sampling,
     SessionInfo,
     StoredResponse,
     Stream,
@@ -114,16 +119,16 @@ def logprob_of(word: str, top: int) -> TokenLogprob:
     return TokenLogprob(word, word.encode(), logprob, top_list)
 
 
-def _cut(text: str, sampling: Any) -> tuple[list[str], str, str | None]:
-    """Applies stop strings then max_tokens; returns the tokens, the finish reason and
-    the stop string that ended the text (None: none did)."""
+def _cut(text: str, stops: Sequence[str], budget: int) -> tuple[list[str], str, str | None]:
+    """Applies stop strings then the token budget; returns the tokens, the finish
+    reason and the stop string that ended the text (None: none did)."""
     matched = None
-    for stop in sampling.stop:
+    for stop in stops:
         if stop and stop in text:
             text, matched = text[: text.index(stop)], stop
     tokens = tokenize(text)
-    if len(tokens) > sampling.max_tokens:
-        return tokens[: sampling.max_tokens], "length", None
+    if len(tokens) > budget:
+        return tokens[:budget], "length", None
     return tokens, "stop", matched
 
 
@@ -134,7 +139,7 @@ class _Entry:
     id: str
     title: str
     created: float
-    tokens: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
     messages: tuple[Message, ...] = ()
     tier: str = "live"
     used: int = 0  # LRU clock value of the last use or promotion
@@ -148,10 +153,11 @@ class _Job:
     stream: QueueStream
     submitted: float
     session_id: str
-    tokens: list[str] = field(default_factory=list)  # the prompt
+    tokens: list[int] = field(default_factory=list)  # the prompt
     reply: list[str] = field(default_factory=list)  # tokens still to send
     sent: list[str] = field(default_factory=list)
     report: Report | None = None
+    history: tuple[Message, ...] | None = None  # the whole conversation, when trimmed
 
 
 class FakeRuntime:
@@ -169,6 +175,7 @@ class FakeRuntime:
         ram_sessions: int = 8,
         disk_sessions: int = 64,
         reply_words: int | None = None,
+        overflow: str = "trim",
     ) -> None:
         self.model_id = self.embedding_model_id = model_id
         self.n_ctx = n_ctx
@@ -177,6 +184,7 @@ class FakeRuntime:
         self.token_delay = token_delay
         self.prefill_delay = prefill_delay
         self.reply_words = reply_words  # every reply this long (tests of slow readers)
+        self.overflow = overflow  # as Settings.overflow
         self._caps = {"live": slots, "ram": ram_sessions, "disk": disk_sessions}
         self._entries: dict[str, _Entry] = {}
         self._vocab: dict[str, int] = {}  # word -> id, as tokenize() meets them
@@ -194,11 +202,11 @@ class FakeRuntime:
 
     # -- the Runtime protocol -------------------------------------------------
 
-    def generate(self, request: Request) -> Stream:
-        """Validates now (RequestError, ContextOverflow, Busy); the reply streams later."""
-        tokens = self._validate(request)
-        job = _Job(request, QueueStream(), time.perf_counter(), self._session_id(request))
-        job.tokens = tokens
+    def generate(self, request: Request | Admitted) -> Stream:
+        """Admits now (RequestError, ContextOverflow, Busy); the reply streams later."""
+        admitted = request if isinstance(request, Admitted) else self.admit(request)
+        job = _Job(admitted.request, QueueStream(), time.perf_counter(), admitted.session_id or "")
+        job.tokens, job.history = list(admitted.ids), admitted.history
         with self._cond:
             if self._closed:
                 raise RequestError("the runtime is closed")
@@ -209,8 +217,15 @@ class FakeRuntime:
             self._cond.notify()
         return job.stream
 
+    def admit(self, request: Request) -> Admitted:
+        """The real runtime's admission (runtime/_admit.py: the same rules, the same
+        overflow rule and trim) over the fake tokenizer; the session is named the
+        fake's way (see ``_session_id``)."""
+        admitted = admit(request, _Prompter(self), self.n_ctx, self.overflow)
+        return replace(admitted, session_id=self._session_id(request))
+
     def count_tokens(self, request: Request) -> int:
-        return len(tokenize(render(request)))
+        return len(self.admit(request).ids)
 
     def tokenize(
         self, text: str, add_special: bool = False, parse_special: bool = True
@@ -401,26 +416,6 @@ class FakeRuntime:
 
     # -- validation and bookkeeping (callers hold the lock where noted) -------
 
-    def _validate(self, request: Request) -> list[str]:
-        if request.prompt is None and not request.messages:
-            raise RequestError("messages must not be empty", "messages")
-        if request.prompt is not None and request.messages:
-            raise RequestError("give either messages or prompt, not both", "prompt")
-        if any(m.role not in ("system", "user", "assistant", "tool") for m in request.messages):
-            raise RequestError("a message role must be system, user, assistant or tool", "messages")
-        check_choice(request)
-        s = request.sampling
-        if not 0.0 <= s.temperature <= 2.0:
-            raise RequestError("temperature must be between 0 and 2", "temperature")
-        if not 0.0 <= s.top_p <= 1.0:
-            raise RequestError("top_p must be between 0 and 1", "top_p")
-        if s.max_tokens < 1:
-            raise RequestError("max_tokens must be at least 1", "max_tokens")
-        tokens = tokenize(render(request))
-        if len(tokens) + s.max_tokens > self.n_ctx:
-            raise ContextOverflow(len(tokens), s.max_tokens, self.n_ctx)
-        return tokens
-
     @staticmethod
     def _session_id(request: Request) -> str:
         """The client's hint, else a name derived from how the conversation starts."""
@@ -451,7 +446,7 @@ class FakeRuntime:
                 else:
                     entry.tier = lower
 
-    def _lookup(self, tokens: list[str]) -> tuple[int, str]:
+    def _lookup(self, tokens: list[int]) -> tuple[int, str]:
         """The longest cached prefix of ``tokens`` and its tier; lock held.
 
         At least one prompt token is computed, as a real engine needs the logits of
@@ -538,8 +533,10 @@ class FakeRuntime:
         text = reply_text(job.request)
         if self.reply_words:
             text = " ".join([text.strip()] * (self.reply_words // max(len(text.split()), 1) + 1))
+        # as the real pipeline: the reply stops where the context ends
+        budget = min(job.request.sampling.max_tokens, self.n_ctx - len(job.tokens))
         job.reply, report.finish_reason, report.stop_sequence = _cut(  # type: ignore[assignment]
-            text, job.request.sampling
+            text, job.request.sampling.stop, budget
         )
         job.report = report
 
@@ -577,12 +574,37 @@ class FakeRuntime:
                 entry = _Entry(job.session_id, title, now, anonymous=True)
                 self._entries[job.session_id] = entry
             entry.anonymous = entry.anonymous and job.request.session_id is None
-            entry.tokens = tokenize(render(job.request) + reply)
+            entry.tokens = self.tokenize(render(job.request) + reply)
             turn = tool_reply or Message("assistant", reply.strip())
-            entry.messages = (*job.request.messages, turn)
+            history = job.history if job.history is not None else job.request.messages
+            entry.messages = (*history, turn)
             entry.tier, entry.updated = "live", now
             self._touch(entry)
             self._rebalance()
+
+
+class _Prompter:
+    """Admission's view of the fake: its tokenizer and fixed rendering; no tool plan
+    (the fake makes its tool replies itself, see ``_tool_reply``) and no model rules."""
+
+    fingerprint = "fake"
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+
+    def tool_plan(self, request: Request) -> ToolPlan | None:
+        return None
+
+    def prompt_ids(
+        self,
+        request: Request,
+        generation: bool = True,
+        plan: ToolPlan | Literal["plan it"] | None = "plan it",
+    ) -> tuple[list[int], tuple[int, ...]]:
+        return self.fake.tokenize(render(request)), ()
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """The fake follows any grammar and has no vocabulary to check biases against."""
 
 
 def _tool_reply(request: Request, text: str) -> Message | None:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ._admit import Admitted
 from .types import Embeddings, Request, SessionInfo, StoredResponse, Stream
 
 
@@ -18,8 +19,12 @@ from .types import Embeddings, Request, SessionInfo, StoredResponse, Stream
 class Runtime(Protocol):
     """Contract:
 
-    - ``generate(request)`` validates the request at once (raising RequestError,
-      ContextOverflow) and returns a Stream; the work happens on the runtime's own
+    - ``admit(request)`` admits it once (runtime/_admit.py: the rules, the session id,
+      the tool plan, the prompt's tokens, the one overflow rule; raising RequestError,
+      ContextOverflow, Busy) and returns the frozen ``Admitted``; ``count_tokens(r)``
+      is ``len(admit(r).ids)``.
+    - ``generate(request)`` takes a Request (admitted at once) or an ``Admitted`` of
+      this runtime's, and returns a Stream; the work happens on the runtime's own
       thread and the stream yields Token events then exactly one Done.
     - Requests for different conversations may be submitted from many threads; the
       runtime serves them fairly and raises Busy when ``max_queue`` are waiting.
@@ -69,7 +74,9 @@ class Runtime(Protocol):
     embedding_model_id: str  # the model /v1/embeddings answers with
     n_ctx: int
 
-    def generate(self, request: Request) -> Stream: ...
+    def admit(self, request: Request) -> Admitted: ...
+
+    def generate(self, request: Request | Admitted) -> Stream: ...
 
     def count_tokens(self, request: Request) -> int: ...
 

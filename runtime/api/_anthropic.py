@@ -15,11 +15,13 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from .._admit import check_request
 from ..errors import ContextOverflow
+from ._admission import admit_sized
 from ._anthropic_schemas import CountTokensRequest, MessagesRequest
 from ._anthropic_stream import MessageShape, MessagesSSEResponse
 from ._errors import APIError, from_runtime
-from ._openai import SessionHeader, _max_tokens, _peer_socket
+from ._openai import SessionHeader, _peer_socket
 from ._sse import gather
 from ._state import ERRORS, AppState, state
 
@@ -49,10 +51,11 @@ async def _create(request: Request, body: MessagesRequest, session: str | None) 
     st.check_model(body.model)  # a 404 before any waiting
     _check_size(st, body)
     req = body.to_request(session)  # refuses what is unsupported before any work
+    check_request(req)  # a bad value is refused before any model is switched to
     runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
     try:
-        await _max_tokens(st, runtime, body.max_tokens, req)  # no more than the context
-        events = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+        admitted = await admit_sized(st, runtime, body.max_tokens, req)  # within the context
+        events = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
     except ContextOverflow as exc:
         raise from_runtime(exc, "messages") from exc
     finally:

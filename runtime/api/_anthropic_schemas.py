@@ -266,9 +266,11 @@ class MessagesRequest(_Conversation):
     max_tokens: int = Field(..., ge=1, le=1_000_000)
     stop_sequences: Annotated[list[Text], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stream: bool = False
+    # Anthropic's own range, narrower than warmstart's (its clients expect 0 to 1)
     temperature: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, le=1_000_000, description="0: off")
+    # their bounds are runtime/_admit.py's (check_request)
+    top_p: float = Field(1.0, allow_inf_nan=False)
+    top_k: int = Field(0, description="0: off")
     metadata: Metadata | None = None
 
     def to_request(self, session_id: str | None) -> Request:

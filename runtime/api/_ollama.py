@@ -15,6 +15,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from .._admit import Admitted, check_request, check_sampling
 from ..errors import ContextOverflow
 from ..service import Runtime
 from ..types import Report
@@ -22,6 +23,7 @@ from ..types import Request as RuntimeRequest
 from . import _embeddings
 from . import _ollama_manage as manage
 from . import _ollama_models as models
+from ._admission import admit_sized
 from ._errors import APIError, from_runtime
 from ._ollama_schemas import (
     OllamaChatRequest,
@@ -31,7 +33,6 @@ from ._ollama_schemas import (
 )
 from ._ollama_stream import NDJSONResponse, OllamaShape, now
 from ._openai import SessionHeader, _peer_socket
-from ._schemas import DEFAULT_MAX_TOKENS
 from ._sse import gather
 from ._state import ERRORS, AppState, state
 
@@ -56,23 +57,20 @@ def _check_size(st: AppState, n_messages: int, chars: int, param: str) -> None:
         raise APIError(400, message, param=param, code="prompt_too_long")
 
 
-async def _limit(
+async def _admitted(
     st: AppState, runtime: Runtime, num_predict: int | None, draft: RuntimeRequest
-) -> int:
-    """num_predict, else as many as fit: all the room for -1 and -2 (Ollama's
-    "until done" and "fill the context"), at most DEFAULT_MAX_TOKENS when not given."""
+) -> Admitted:
+    """Admitted with num_predict, else as many as fit: all the room for -1 and -2
+    (Ollama's "until done" and "fill the context"), at most DEFAULT_MAX_TOKENS when
+    not given."""
     n_ctx = runtime.n_ctx
-    if num_predict is not None and num_predict > 0:
-        if num_predict > n_ctx:
-            message = f"num_predict is {num_predict}, but the context holds only {n_ctx} tokens"
-            raise APIError(400, message, param="options.num_predict")
-        return num_predict
+    if num_predict is not None and num_predict > n_ctx:
+        message = f"num_predict is {num_predict}, but the context holds only {n_ctx} tokens"
+        raise APIError(400, message, param="options.num_predict")
     if num_predict == 0:
         raise APIError(400, "num_predict must not be 0", param="options.num_predict")
-    used = await anyio.to_thread.run_sync(runtime.count_tokens, draft, limiter=st.limiter)
-    room = n_ctx - used
-    # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.
-    return max(1, room if num_predict is not None else min(DEFAULT_MAX_TOKENS, room))
+    given = num_predict if num_predict is not None and num_predict > 0 else None
+    return await admit_sized(st, runtime, given, draft, fill=num_predict is not None)
 
 
 async def _generate(
@@ -90,6 +88,11 @@ async def _generate(
         empty, param = not body.prompt, "prompt"
         _check_size(st, 1, body.text_chars(), param)
     draft = body.to_request(session, 1)  # refuses what is unsupported before any work
+    # a bad value is refused before any model is switched to
+    if empty:  # Ollama's "load": no prompt, its options still checked
+        check_sampling(draft.sampling)
+    else:
+        check_request(draft)
     keep = manage.check_keep_alive(st, body.keep_alive_s)
     # the named model, loaded first when another one is (as Ollama does)
     wanted = models.untagged(body.model) or None
@@ -98,8 +101,8 @@ async def _generate(
     stream = None
     try:
         if not empty:
-            req = body.to_request(session, await _limit(st, runtime, body.num_predict, draft))
-            stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+            admitted = await _admitted(st, runtime, body.num_predict, draft)
+            stream = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
     except ContextOverflow as exc:
         raise from_runtime(exc, param) from exc
     finally:

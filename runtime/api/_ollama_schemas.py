@@ -10,14 +10,14 @@ know.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, cast
 
 from pydantic import Field
 
 from .._embed_queue import MAX_EMBED_INPUTS
 from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
-from ..types import Message, Request, Sampling
+from ..types import Message, Request, Role, Sampling
 from ._errors import unsupported
 from ._keep_alive import KeepAliveValue, keep_alive_seconds
 from ._ollama_body import Body as _Body
@@ -30,10 +30,11 @@ OLLAMA_TOP_P = 0.9
 
 
 class Options(_Body):
-    """The options warmstart honours; any other is refused by name."""
+    """The options warmstart honours; any other is refused by name. Their values'
+    bounds are runtime/_admit.py's, as on /v1."""
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: float | None = Field(None, allow_inf_nan=False)
+    top_p: float | None = Field(None, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     num_predict: int | None = Field(
         None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: as many as fit"
@@ -41,11 +42,11 @@ class Options(_Body):
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
     # llama.cpp's own samplers, as on /v1; not given: off (Ollama's Modelfile defaults
     # for these are not applied, so a reply is what the request asked for)
-    top_k: int | None = Field(None, ge=0, le=1000)
-    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    top_k: int | None = None
+    min_p: float | None = Field(None, allow_inf_nan=False)
+    repeat_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
 
     def sampling(self, max_tokens: int, grammar: str | None = None) -> Sampling:
         self.refuse_extras("options.")
@@ -67,7 +68,8 @@ class Options(_Body):
 
 
 class OllamaMessage(_Body):
-    role: Literal["system", "user", "assistant", "tool"]
+    # which roles there are is runtime/_admit.py's rule (check_request), as on /v1
+    role: Text = Field(..., description="system, user, assistant or tool")
     content: Text = ""
     images: list[Any] | None = Field(None, description="refused unless empty")
     tool_calls: Annotated[list[OllamaToolCall], Field(max_length=128)] | None = Field(
@@ -97,7 +99,7 @@ class OllamaMessage(_Body):
             call_of(c, f"{where}tool_calls.{i}") for i, c in enumerate(self.tool_calls or ())
         )
         return Message(
-            role=self.role,
+            role=cast(Role, self.role),  # checked at admission
             content=self.content,
             tool_calls=calls,
             tool_call_id=self.tool_call_id,

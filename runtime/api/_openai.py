@@ -10,20 +10,15 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator
 
+from .._admit import check_request
 from ..errors import ContextOverflow
 from ..installed import OWNER
-from ..service import Runtime
-from ..types import Request as RuntimeRequest
 from ..types import Stream
+from ._admission import admit_sized
 from ._errors import APIError, from_runtime
 from ._listing import ServedModel, served_models
 from ._replies import Shape
-from ._schemas import (
-    DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    safe_session_id,
-)
+from ._schemas import ChatCompletionRequest, CompletionRequest, safe_session_id
 from ._sse import SSEResponse, gather
 from ._state import ERRORS, MODEL_ALIASES, AppState, state
 
@@ -65,26 +60,6 @@ def _card(st: AppState, model: ServedModel) -> dict[str, Any]:
 def _cards(st: AppState) -> list[dict[str, Any]]:
     """The loaded model first, then every other installed one (no loading)."""
     return [_card(st, model) for model in served_models(st)]
-
-
-async def _max_tokens(
-    st: AppState,
-    runtime: Runtime,
-    requested: int | None,
-    draft: RuntimeRequest,
-    param: str = "max_tokens",
-) -> int:
-    """The client's max_tokens (the field ``param``), else as many as fit (at most
-    DEFAULT_MAX_TOKENS)."""
-    n_ctx = runtime.n_ctx
-    if requested is not None:
-        if requested > n_ctx:
-            message = f"{param} is {requested}, but the context holds only {n_ctx} tokens"
-            raise APIError(400, message, param=param)
-        return requested
-    used = await anyio.to_thread.run_sync(runtime.count_tokens, draft, limiter=st.limiter)
-    # A prompt that leaves no room gets 1, so the runtime reports ContextOverflow.
-    return max(1, min(DEFAULT_MAX_TOKENS, n_ctx - used))
 
 
 async def _reply(
@@ -155,12 +130,12 @@ async def _answer(
     st = state(request)
     st.check_model(body.model)  # a 404 before any waiting
     _check_size(st, body)
+    draft = body.to_request(session, 1)
+    check_request(draft)  # a bad value is refused before any model is switched to
     runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
     try:
-        draft = body.to_request(session, 1)
-        limit = await _max_tokens(st, runtime, body.requested_max_tokens(), draft)
-        req = body.to_request(session, limit)
-        events = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+        admitted = await admit_sized(st, runtime, body.requested_max_tokens(), draft)
+        events = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
     except ContextOverflow as exc:  # name the field that holds the prompt on this route
         raise from_runtime(exc, "messages" if kind == "chat" else "prompt") from exc
     finally:
@@ -168,9 +143,9 @@ async def _answer(
     shape = Shape(
         kind,
         name,
-        tools=req.uses_tools,
-        logprobs=req.sampling.logprobs is not None,
-        prompt_chars=len(req.prompt or ""),
+        tools=draft.uses_tools,
+        logprobs=draft.sampling.logprobs is not None,
+        prompt_chars=len(draft.prompt or ""),
     )
     return await _reply(request, st, events, shape, body.stream, body.include_usage)
 

@@ -18,10 +18,12 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator
 
+from .._admit import check_request
 from ..errors import ContextOverflow
 from ..types import Message, Report, StoredResponse
+from ._admission import admit_sized
 from ._errors import APIError, from_runtime
-from ._openai import SessionHeader, _max_tokens, _peer_socket
+from ._openai import SessionHeader, _peer_socket
 from ._responses_schemas import ChosenFunction, DeletedResponse, ResponsesRequest
 from ._responses_shape import Events, ResponseShape
 from ._responses_stream import ResponseEventsResponse
@@ -141,12 +143,14 @@ async def _create(request: Request, body: ResponsesRequest, header: str | None) 
     st.check_model(body.model)
     turn = _Turn(st, body, header, await _previous(st, body))
     _check_size(st, turn.messages)
+    draft = body.to_request(turn.messages, turn.session, 1)
+    check_request(draft)  # a bad value is refused before any model is switched to
     runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
     try:
-        draft = body.to_request(turn.messages, turn.session, 1)
-        limit = await _max_tokens(st, runtime, body.max_output_tokens, draft, "max_output_tokens")
-        req = body.to_request(turn.messages, turn.session, limit)
-        stream = await anyio.to_thread.run_sync(runtime.generate, req, limiter=st.limiter)
+        admitted = await admit_sized(
+            st, runtime, body.max_output_tokens, draft, "max_output_tokens"
+        )
+        stream = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
     except ContextOverflow as exc:
         raise from_runtime(exc, "input") from exc
     finally:
@@ -161,7 +165,7 @@ async def _create(request: Request, body: ResponsesRequest, header: str | None) 
             stream,
             Events(shape),
             st.limiter,
-            tools=req.uses_tools,
+            tools=draft.uses_tools,
             finish=finish,
             on_done=st.metrics.observe,
             send_timeout=st.settings.send_timeout,

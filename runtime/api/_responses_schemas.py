@@ -181,8 +181,9 @@ class ResponsesRequest(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    # their bounds are runtime/_admit.py's (check_request)
+    temperature: float = Field(1.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
     tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | ChosenFunction | None = None
     parallel_tool_calls: bool | None = Field(

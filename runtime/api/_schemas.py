@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 from ..errors import RequestError
 from ..grammars import json_object_grammar, json_schema_grammar
 from ..sessions import MAX_SESSION_ID, SESSION_ID_RULE, session_id_problem
-from ..types import Message, Request, Sampling, SessionInfo, Tool, ToolCall
+from ..types import Message, Request, Role, Sampling, SessionInfo, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
 DEFAULT_MAX_TOKENS = 512
@@ -83,7 +83,8 @@ SESSION_ID = Annotated[
     AfterValidator(safe_session_id),
     Field(json_schema_extra={"minLength": 1, "maxLength": MAX_SESSION_ID}),
 ]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+# value bounds are runtime/_admit.py's (check_request): a schema holds only the JSON shape
+Penalty = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -143,8 +144,9 @@ class ToolCallIn(_Body):
 
 
 class ChatMessage(_Body):
-    # "developer" is what newer OpenAI clients send for the system prompt.
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "developer" is what newer OpenAI clients send for the system prompt; which
+    # roles there are is runtime/_admit.py's rule (check_request), as on /api/chat
+    role: Text = Field(..., description="system (or developer), user, assistant or tool")
     # declared before content, which is checked against it
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
     # Null (or absent: a null is "not given") only on an assistant turn that calls
@@ -199,7 +201,11 @@ class ChatMessage(_Body):
         )
         name = self.name if role == "tool" else None
         return Message(
-            role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=name
+            role=cast(Role, role),  # checked at admission
+            content=content,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=name,
         )
 
     def text_chars(self) -> int:
@@ -272,8 +278,8 @@ class _Sampled(_Body):
     """The sampling fields shared by chat and raw completions."""
 
     model: Text | None = Field(None, description="the loaded model's id or 'default'")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    temperature: float = Field(1.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
@@ -288,11 +294,9 @@ class _Sampled(_Body):
         None, description="token id (as a string) -> bias from -100 (ban) to 100"
     )
     # extensions llama.cpp's own server also takes
-    top_k: int = Field(0, ge=0, le=1_000_000, description="0: off (extension)")
-    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="extension")
-    repeat_penalty: float = Field(
-        1.0, gt=0.0, le=10.0, allow_inf_nan=False, description="1: off (extension)"
-    )
+    top_k: int = Field(0, description="0: off (extension)")
+    min_p: float = Field(0.0, allow_inf_nan=False, description="extension")
+    repeat_penalty: float = Field(1.0, allow_inf_nan=False, description="1: off (extension)")
 
     def _top_logprobs(self) -> int | None:
         raise NotImplementedError

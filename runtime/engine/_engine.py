@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp.llama_cpp as ll
 import numpy as np
@@ -35,7 +35,7 @@ from ._llama import (
     on_own_thread,
 )
 from ._prompt import PromptTokenizer
-from ._sampling import Sampler
+from ._sampling import Sampler, check_grammar, check_logit_bias
 from ._template import template_for
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,10 @@ class Engine:
 
     # prompts --------------------------------------------------------------------
     def prompt_ids(
-        self, request: Request, generation: bool = True
+        self,
+        request: Request,
+        generation: bool = True,
+        plan: _tools.ToolPlan | Literal["plan it"] | None = "plan it",
     ) -> tuple[list[int], tuple[int, ...]]:
         """Token ids of the request's prompt, and its anchors: where each message of the
         conversation starts (the template's turn-opening control token) and where the
@@ -240,11 +243,13 @@ class Engine:
         ``generation=False``: without the assistant's opening (the history as the next
         turn's prompt will hold it, once the reply is one of its messages).
         Message contents are plain text: only the template's markup holds control
-        tokens (a raw completion prompt is the client's own markup, parsed whole)."""
+        tokens (a raw completion prompt is the client's own markup, parsed whole).
+        ``plan``: the request's tool plan, when admission already made it."""
         if request.prompt is not None:
             ids = self.prompter.ids([(request.prompt, True)])
             return ids, self._turn_starts(ids)
-        plan = self.tool_plan(request)
+        if isinstance(plan, str):  # "plan it"
+            plan = self.tool_plan(request)
         messages = plan.messages if plan else request.messages
         tools = plan.tools if plan else None
         if plan and plan.format != "generic":
@@ -295,6 +300,14 @@ class Engine:
             return []
         opener = opened[len(bare) :]
         return opener if self.prompter.is_control(opener[0]) else []
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """This model's own rules of a sampling: logit biases name its tokens, a
+        grammar parses over its vocabulary (only the vocabulary is read, fixed once
+        loaded: safe off the worker thread)."""
+        check_logit_bias(self.model, sampling)
+        if sampling.grammar is not None:
+            check_grammar(self.model, sampling.grammar)
 
     def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
         """How the request's tools and tool turns reach this model (None: it has none)."""

@@ -18,12 +18,13 @@ from typing import Any
 import httpx
 import ollama
 import pytest
+from warmstart.runtime._admit import Admitted
 from warmstart.runtime.api import create_app
 from warmstart.runtime.api._keep_alive import Expiry, keep_alive_seconds
 from warmstart.runtime.errors import RequestError
 from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
-from warmstart.runtime.types import Request, Stream
+from warmstart.runtime.types import Request
 
 from tests.api.conftest import Server
 from tests.api.inproc import serving
@@ -52,10 +53,10 @@ class Model(FakeRuntime):
         super().__init__(model_id=name, **kw)
         self.log = log
 
-    def generate(self, request: Request) -> Stream:
+    def admit(self, request: Request) -> Admitted:
         if request.tools:
             request = replace(request, tool_choice="required")
-        return super().generate(request)
+        return super().admit(request)
 
     def close(self) -> None:
         if not self._closed:
