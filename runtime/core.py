@@ -471,6 +471,11 @@ class LocalRuntime:
             self._cv.notify()
         return fut.result()
 
+    def on_worker(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` on the worker thread, which owns the engine, between two steps of
+        the requests in flight, and returns its result (bench: the engine's verbs)."""
+        return self._call(fn)
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Waits until every submitted request has finished, captures, their disk
         writes and embeddings included."""
@@ -552,14 +557,8 @@ class LocalRuntime:
         if row is None:
             return False
         if self.store is not None and row.leaf:
-            keep = {
-                r.key
-                for other in self.book.list()
-                if other.id != session_id and other.leaf
-                for r in self.store.chain(other.leaf)
-            }
-            mine = [r.key for r in self.store.chain(row.leaf) if r.key not in keep]
-            self.store.drop(mine)
+            others = (o.leaf for o in self.book.list() if o.id != session_id)
+            self.store.drop_unshared(row.leaf, others)
             self.store.flush()  # gone from the disk, too, when the caller hears so
         return self.book.delete(session_id)
 
