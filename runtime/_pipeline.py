@@ -141,7 +141,7 @@ class Job:
             self.background = True
             yield
             if self.env.store is not None and self.promotions is not None:
-                self.env.store.promote(self.promotions.to_promote(self.n_promoted))
+                self.env.store.transfers.promote(self.promotions.to_promote(self.n_promoted))
             leaf = self._keep(res, self.cuts[:-1])
             self.captured = True
             leaf = (yield from self._settle(res)) or leaf

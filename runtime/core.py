@@ -535,7 +535,8 @@ class LocalRuntime:
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
-        return self.store.promote(self.store.chain(row.leaf), make_room=False, stop=stop)
+        chain = self.store.chain(row.leaf)
+        return self.store.transfers.promote(chain, make_room=False, stop=stop)
 
     def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
         """Promotes the most recent conversations to RAM (run off the request path);

@@ -1,4 +1,4 @@
-"""T1: one preallocated host-RAM buffer cut into fixed-size slots (bookkeeping + bytes).
+"""The RAM pool: one preallocated host buffer cut into fixed-size slots (bookkeeping + bytes).
 
 Pinned (page-locked, for DMA) through torch when a CUDA device is present;
 otherwise an anonymous mapping, committed page by page as chunks land. Being

@@ -415,18 +415,6 @@ class TieredStore:
                 n += 1
         return n
 
-    def promote(
-        self,
-        records: Sequence[Record],
-        make_room: bool = True,
-        stop: threading.Event | None = None,
-    ) -> int:
-        """Has the transfer worker bring disk-only chunks into the pool (off the request
-        path); returns tokens promoted. Without ``make_room`` (prewarm) it stops at the
-        high watermark rather than demote chunks that are warm for a reason; ``stop``
-        set ends it early."""
-        return self.transfers.promote(records, make_room, stop)
-
     def may_promote(self, record: Record, make_room: bool) -> bool | None:
         """Whether ``record`` is worth reading into the pool now; None when nothing is
         (no pool, at the watermark without ``make_room``, memory short)."""

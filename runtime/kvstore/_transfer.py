@@ -83,7 +83,8 @@ class Transfers:
         stop: threading.Event | None = None,
     ) -> int:
         """Brings disk-only chunks into the pool (off the request path); returns the
-        tokens promoted. ``make_room`` and ``stop``: see ``TieredStore.promote``."""
+        tokens promoted. Without ``make_room`` (prewarm) it stops at the high watermark
+        rather than demote chunks that are warm for a reason; ``stop`` set ends it."""
         tokens = 0
         for record in records:
             if stop is not None and stop.is_set():

@@ -101,7 +101,7 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
 
     demoted = [r for r in store.chain(keys[-1]) if r.tier == "disk"]
     store.shrink_ram(0)
-    assert store.promote(demoted) == 0  # no room at all: nothing read for nothing
+    assert store.transfers.promote(demoted) == 0  # no room at all: nothing read for nothing
     meminfo.available = 10 * MiB + 5 * SLOT + 32 * SLOT  # memory is back
     watcher.check()
     assert store.ram_figures()[1] == capacity and not watcher.under_pressure
