@@ -25,8 +25,8 @@ from .engine._engine import Engine, Resident, reusable
 from .engine._sampling import Sampler, token_logprob
 from .engine._text import TextAssembler
 from .errors import EngineError, WarmstartError
-from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, chunk_key, decode_groups
-from .kvstore._ledger import Hit, Record
+from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, decode_groups
+from .kvstore._plans import LoadPlan
 from .kvstore._store import TieredStore
 from .policy import Rates, Tuning, decide_restore
 from .streams import QueueStream
@@ -66,7 +66,8 @@ class Job:
         self.stream = stream
         self.report = Report(prompt_tokens=len(self.ids), session_id=admitted.session_id)
         self.report.trimmed_messages = admitted.trimmed
-        self.promotions: list[Record] = []  # disk chunks to bring into RAM after the reply
+        self.promotions: LoadPlan | None = None  # its disk chunks go to RAM after the reply
+        self.n_promoted = 0  # how many of its chunks were read
         self.cuts = batch_cuts(len(self.ids), env.tuning.chunk_tokens, self.anchors, TAIL_TOKENS)
         self.cached = self.request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
@@ -88,21 +89,20 @@ class Job:
         # a request without the cache (or a runtime without a store) starts cold: it
         # reuses nothing, not even what is live
         share = self.request.use_cache and self.env.store is not None
-        hits = self._lookup()
+        plan = self._prepare_load()
         try:
-            stored = hits[-1].end if hits else 0
             sid = self.admitted.session_id
-            res, live = engine.claim(self.ids, self.cuts, sid, share, stored)
+            res, live = engine.claim(self.ids, self.cuts, sid, share, plan.end)
         except BaseException:
-            self._release(hits)
+            self._complete_load(plan)
             raise
         self.report.restored["live"] = live
         sampler = None
         try:
             try:
-                have = self._restore(res, live, hits)
+                have = self._restore(res, live, plan)
             finally:
-                self._release(hits)
+                self._complete_load(plan)
             yield
             t1 = time.perf_counter()
             # the same prompt again, live: its first token comes from the logits kept
@@ -143,8 +143,8 @@ class Job:
             self.stream.finish(self.report, self.reply_message)
             self.background = True
             yield
-            if self.env.store is not None and self.promotions:
-                self.env.store.promote(self.promotions)
+            if self.env.store is not None and self.promotions is not None:
+                self.env.store.transfers.promote(self.promotions.to_promote(self.n_promoted))
             leaf = self._keep(res, self.cuts[:-1])
             self.captured = True
             leaf = (yield from self._settle(res)) or leaf
@@ -178,17 +178,19 @@ class Job:
         return decode_groups(have, cuts, tuning.chunk_tokens, tuning.merge_batch_tokens)
 
     # step 1: the longest prefix worth restoring ------------------------------------------
-    def _lookup(self) -> list[Hit]:
-        """prepare_load: the stored chunks of this prompt, pinned until released."""
-        if not self.cached or self.env.store is None:
-            return []
-        return self.env.store.lookup(self.ids, self.cuts[:-1])
+    def _prepare_load(self) -> LoadPlan:
+        """The stored chunks of this prompt, pinned until _complete_load."""
+        store, staging = self.env.store, self.env.staging
+        if not self.cached or store is None:
+            return LoadPlan()
+        room = 0 if staging is None else staging.nbytes
+        return store.prepare_load(self.ids, self.cuts[:-1], room)
 
-    def _release(self, hits: list[Hit]) -> None:
+    def _complete_load(self, plan: LoadPlan) -> None:
         if self.env.store is not None:
-            self.env.store.release(hits)
+            self.env.store.complete_load(plan)
 
-    def _restore(self, res: Resident, live: int, hits: list[Hit]) -> int:
+    def _restore(self, res: Resident, live: int, plan: LoadPlan) -> int:
         """Restores what the store holds beyond the live prefix, when that pays."""
         store = self.env.store
         if not self.cached or store is None:
@@ -199,63 +201,41 @@ class Job:
             )
             return live
         t = time.perf_counter()
-        have = self._restore_hits(res, hits, live)
+        have = self._restore_plan(res, plan, live)
         self.report.restore_ms = 1000 * (time.perf_counter() - t)
         return have
 
-    def _restore_hits(self, res: Resident, hits: list[Hit], live: int) -> int:
-        end = hits[-1].end if hits else 0
-        if end <= live:
+    def _restore_plan(self, res: Resident, plan: LoadPlan, live: int) -> int:
+        if plan.end <= live:
             self.report.decision = "live hit" if live else "miss"
             return live
         # the whole prefix is loaded at once (a blob replaces what a sequence holds)
-        tiers = [h.record.tier or "disk" for h in hits]
         decision = decide_restore(
-            end - live,
-            sum(h.record.nbytes for h in hits),
-            "disk" if "disk" in tiers else "ram",
+            plan.end - live,
+            plan.nbytes,
+            plan.slowest,
             self.env.tuning.swap_in_threshold_tokens,
             self.env.rates,
         )
         self.report.decision = decision.reason
         if not decision.restore:
             return live
-        blobs = self._read(hits)
-        hits = hits[: len(blobs)]
-        if not hits or hits[-1].end <= live:
+        assert self.env.store is not None
+        blobs = self.env.store.transfers.load(plan, self.env.staging)
+        self.promotions, self.n_promoted = plan, len(blobs)
+        ends = plan.ends(len(blobs))
+        if not ends or ends[-1] <= live:
             self.report.decision += " (chunk missing: recomputed)"
             return live
-        if not self.env.engine.restore(res, blobs, self.ids, [h.end for h in hits]):
+        if not self.env.engine.restore(res, blobs, self.ids, ends):
             log.warning("llama.cpp refused the cached prefix; recomputing the prompt")
             self.report.restored = dict.fromkeys(self.report.restored, 0)
             self.report.decision = "restore refused: recomputed"
             return 0
         self.report.restored["live"] = 0
-        for hit, tier in zip(hits, tiers, strict=False):
-            self.report.restored[tier] += len(hit.record.tokens)
-        return hits[-1].end
-
-    def _read(self, hits: Sequence[Hit]) -> list[np.ndarray]:
-        """The hits' bytes, stopping at the first one that is gone or corrupt. Disk
-        chunks land one after another in the staging memory while it lasts."""
-        store, staging = self.env.store, self.env.staging
-        assert store is not None
-        blobs, at = [], 0
-        for hit in hits:
-            room = None
-            fits = staging is not None and staging.nbytes - at >= hit.record.nbytes
-            if hit.record.slot is None and fits and staging is not None:
-                room = staging[at : at + hit.record.nbytes]
-            on_disk_only = hit.record.slot is None
-            blob = store.read(hit.record, room)
-            if blob is None:
-                break
-            if room is not None:  # used even when prewarm promoted the chunk meanwhile
-                at += hit.record.nbytes
-            if on_disk_only:
-                self.promotions.append(hit.record)
-            blobs.append(blob)
-        return blobs
+        for tier, tokens in plan.tokens_by_tier(len(blobs)).items():
+            self.report.restored[tier] += tokens
+        return ends[-1]
 
     # step 2: the reply -----------------------------------------------------------------
     def _generate(  # type: ignore[no-untyped-def]
@@ -322,25 +302,19 @@ class Job:
         store, engine = self.env.store, self.env.engine
         if not self.cached or store is None or not ends:
             return None
-        tokens = list(res.tokens)
-        parent, c0, leaf, snapshot = store.root, 0, None, None
-        for c1 in ends:
-            segment = tokens[c0:c1]
-            key = chunk_key(parent, segment)
-            if key not in store:
-                reservation = store.reserve(engine.blob_bytes(len(segment)))
-                try:
-                    snapshot = snapshot or engine.snapshot(res.seq)
-                    nbytes = engine.cut(snapshot, c0, c1, reservation.buffer)
-                except Exception as exc:
-                    store.abort(reservation)
-                    log.warning(
-                        "capture of [%d, %d) failed (%s); it will be recomputed", c0, c1, exc
-                    )
-                    return leaf
-                store.commit(reservation, key, parent, c0, segment, nbytes)
-            parent, leaf, c0 = key, key, c1
-        return leaf
+        plan = store.prepare_store(res.tokens, ends, engine.blob_bytes)
+        snapshot = None
+        for save in plan.saves:
+            try:
+                snapshot = snapshot or engine.snapshot(res.seq)
+                save.nbytes = engine.cut(snapshot, save.start, save.end, save.buffer)
+            except Exception as exc:
+                log.warning(
+                    "capture of [%d, %d) failed (%s); it will be recomputed",
+                    *(save.start, save.end, exc),
+                )
+                break
+        return store.complete_store(plan)
 
     def _settle(self, res: Resident) -> Generator[None, None, bytes | None]:
         """Re-prefills the reply (decoded one token at a time) in the batches the next

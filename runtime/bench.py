@@ -122,25 +122,15 @@ def settle(rt: Any) -> None:
 
 def set_data_gbps(rt: Any) -> float:
     """The raw llama_state_seq_set_data rate on a whole-sequence blob of the live prompt."""
-    import numpy as np
 
     def measure() -> float:
         eng = rt.engine
         held = max(eng.residents, key=lambda r: len(r.tokens))
         dest = min((r for r in eng.residents if r is not held), key=lambda r: len(r.tokens))
-        eng.evict(dest)
-        blob = np.empty(eng.ctx.state_size(held.seq), dtype=np.uint8)
-        n = eng.ctx.state_get_into(held.seq, blob)
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            ok = eng.ctx.state_set(dest.seq, blob[:n])
-            times.append(time.perf_counter() - t)
-            eng.ctx.seq_rm(dest.seq)
-            assert ok
-        return n / statistics.median(times) / 1e9
+        n, seconds = eng.time_state_set(held, dest)
+        return n / seconds / 1e9
 
-    return float(rt._call(measure))
+    return float(rt.on_worker(measure))
 
 
 def one_step_s(rt: Any) -> float:
@@ -159,7 +149,7 @@ def one_step_s(rt: Any) -> float:
             eng.trim(res, n)
         return statistics.median(times)
 
-    return float(rt._call(measure))
+    return float(rt.on_worker(measure))
 
 
 def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = None) -> float:
@@ -167,12 +157,12 @@ def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = N
     decode threads the runtime chose or ``threads``."""
     eng = rt.engine
     if threads is not None:
-        rt._call(lambda: eng.ctx.set_threads(threads))
+        rt.on_worker(lambda: eng.set_decode_threads(threads))
     try:
         report = timed(rt, messages, max_tokens=64)["report"]
     finally:
         if threads is not None:
-            rt._call(lambda: eng.ctx.set_threads(None))
+            rt.on_worker(lambda: eng.set_decode_threads(None))
     steps = max(report["completion_tokens"] - 1, 1)
     return steps / max((report["total_ms"] - report["ttft_ms"]) / 1000, 1e-9)
 
@@ -224,7 +214,7 @@ def threshold_check(rt: Any, lengths: tuple[int, ...] = (4, 16, 64, 256)) -> dic
             "sweep": {str(n): {"restore_ms": r, "recompute_ms": c} for n, (r, c) in rows.items()},
         }
 
-    return dict(rt._call(run))
+    return dict(rt.on_worker(run))
 
 
 def run_ours(settings: Settings, system: str, n_conv: int, bar: Bar) -> dict[str, Any]:

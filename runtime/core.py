@@ -426,6 +426,11 @@ class LocalRuntime:
             self._cv.notify()
         return fut.result()
 
+    def on_worker(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` on the worker thread, which owns the engine, between two steps of
+        the requests in flight, and returns its result (bench: the engine's verbs)."""
+        return self._call(fn)
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Waits until every submitted request has finished, captures, their disk
         writes and embeddings included."""
@@ -485,7 +490,8 @@ class LocalRuntime:
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
-        return self.store.promote(self.store.chain(row.leaf), make_room=False, stop=stop)
+        chain = self.store.chain(row.leaf)
+        return self.store.transfers.promote(chain, make_room=False, stop=stop)
 
     def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
         """Promotes the most recent conversations to RAM (run off the request path);
@@ -507,14 +513,8 @@ class LocalRuntime:
         if row is None:
             return False
         if self.store is not None and row.leaf:
-            keep = {
-                r.key
-                for other in self.book.list()
-                if other.id != session_id and other.leaf
-                for r in self.store.chain(other.leaf)
-            }
-            mine = [r.key for r in self.store.chain(row.leaf) if r.key not in keep]
-            self.store.drop(mine)
+            others = (o.leaf for o in self.book.list() if o.id != session_id)
+            self.store.drop_unshared(row.leaf, others)
             self.store.flush()  # gone from the disk, too, when the caller hears so
         return self.book.delete(session_id)
 

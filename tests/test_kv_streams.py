@@ -49,12 +49,12 @@ def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def
     rt.wait_idle()
     ids, anchor = rt.engine.prompt_ids(request)
     cuts = batch_cuts(len(ids), rt.tuning.chunk_tokens, anchor, TAIL_TOKENS)[:-1]
-    hits = rt.store.lookup(ids, cuts)
+    plan = rt.store.prepare_load(ids, cuts)
     try:
-        assert len(hits) == len(cuts), "every batch of the prompt is stored"
-        return [bytes(rt.store.read(h.record)) for h in hits]
+        assert len(plan.loads) == len(cuts), "every batch of the prompt is stored"
+        return [bytes(blob) for blob in rt.store.transfers.load(plan)]
     finally:
-        rt.store.release(hits)
+        rt.store.complete_load(plan)
 
 
 def test_chunk_bytes_do_not_depend_on_the_cached_prefix(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -110,9 +110,9 @@ def test_the_disk_tiers_sub_directories_are_private(tmp_path: Path) -> None:
     """diskcache files a value under two levels of directories it makes itself; under
     the usual umask (022, as in this test process) they must still come out 0700."""
     import diskcache
-    from warmstart.runtime.kvstore._disk import ZstdDisk
+    from warmstart.runtime.kvstore._disk import PrivateDisk
 
-    with diskcache.Cache(str(tmp_path / "blobs"), disk=ZstdDisk, disk_min_file_size=0) as cache:
+    with diskcache.Cache(str(tmp_path / "blobs"), disk=PrivateDisk, disk_min_file_size=0) as cache:
         for i in range(8):
             cache.set(f"k{i}", os.urandom(4096))
     files = [p for p in (tmp_path / "blobs").rglob("*.val")]

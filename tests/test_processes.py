@@ -65,16 +65,16 @@ WRITER = textwrap.dedent("""
     from warmstart.runtime.kvstore._disk import DiskTier
     from warmstart.runtime.kvstore._pool import RamPool
     from warmstart.runtime.kvstore._store import TieredStore
-    from warmstart.runtime.kvstore._keys import chunk_key
     disk = DiskTier(Path(sys.argv[1]), "fp", 1, 1 << 30)
     store = TieredStore("fp", RamPool(1 << 24, 1 << 20), disk)
     parent, rng = store.root, random.Random(0)
     for i in range(100000):
         data = rng.randbytes(600_000)
-        res = store.reserve(len(data))
-        res.buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-        rec = store.commit(res, chunk_key(parent, [i]), parent, i, [i], len(data))
-        parent = rec.key
+        plan = store.prepare_store([i], [i + 1], lambda _n: len(data), parent=parent, start=i)
+        (save,) = plan.saves
+        save.buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        save.nbytes = len(data)
+        parent = store.complete_store(plan)
         if i == 5:
             store.flush()  # these six are on disk whatever the machine's load
             print("writing", flush=True)
@@ -99,6 +99,6 @@ def test_process_killed_mid_write_leaves_a_usable_cache(tmp_path: Path) -> None:
     store = TieredStore("fp", RamPool(1 << 24, 1 << 20), DiskTier(tmp_path, "fp", 1, 1 << 30))
     records = list(store.ledger.records.values())
     assert records  # what was flushed before the kill is there
-    readable = [r for r in records if store.read(r) is not None]
+    readable = [r for r in records if store.transfers.read(r) is not None]
     assert readable  # and what reads back verifies; anything half-written was dropped
     store.close()

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -540,6 +541,27 @@ class Engine:
         if not ok:
             raise EngineError("calibration: llama.cpp refused its own state blob")
         return out[:n].tobytes(), t1 - t0, t2 - t1
+
+    def time_state_set(self, src: Resident, dest: Resident, repeats: int = 5) -> tuple[int, float]:
+        """Bytes of ``src``'s whole-sequence state and the median seconds one
+        llama_state_seq_set_data of them into ``dest`` takes (a benchmark figure: the
+        raw rate under every restore). ``dest`` is emptied, before and after."""
+        self.evict(dest)
+        blob = np.empty(self.ctx.state_size(src.seq), dtype=np.uint8)
+        n = self.ctx.state_get_into(src.seq, blob)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ok = self.ctx.state_set(dest.seq, blob[:n])
+            times.append(time.perf_counter() - t)
+            self.ctx.seq_rm(dest.seq)
+            if not ok:
+                raise EngineError("llama.cpp refused a state blob of its own")
+        return n, statistics.median(times)
+
+    def set_decode_threads(self, threads: int | None) -> None:
+        """The threads a decode uses (None: what the engine chose at start)."""
+        self.ctx.set_threads(threads)
 
     def batch_invariant(self, unit: int, units: int) -> bool:
         """Do tokens prefilled as one batch of ``unit * units`` get the KV bytes they get

@@ -1,11 +1,12 @@
-"""T2: chunks as zstd records in diskcache, with an SQLite index of what they hold.
+"""The disk tier: chunks as zstd records in diskcache, with an SQLite index of them.
 
-diskcache keeps the bytes (LRU within a size budget); ``ZstdDisk`` is its codec:
-only ``store`` and ``fetch`` change. ``index.db`` remembers each chunk's parent,
-start and tokens so that a new process can look prefixes up without reading any
-blob. Order of writes: blob first, index row second, so a crash in between leaves
-an orphan blob (evicted in time), never an index row pointing at nothing we trust;
-and a row whose blob is gone (evicted, deleted by hand) is dropped on first use.
+diskcache keeps the bytes (LRU within a size budget); ``DiskTier.put`` encodes a
+chunk (``_codec``: header, zstd, checksum) and ``read_into`` verifies it on the way
+back. ``index.db`` (``_index``) remembers each chunk's parent, start and tokens so
+that a new process can look prefixes up without reading any blob. Order of writes:
+blob first, index row second, so a crash in between leaves an orphan blob (evicted
+in time), never an index row pointing at nothing we trust; and a row whose blob is
+gone (evicted, deleted by hand) is dropped on first use.
 """
 
 from __future__ import annotations
@@ -17,50 +18,25 @@ import logging
 import os
 import shutil
 import sqlite3
-import threading
-import time
-from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import diskcache
 import numpy as np
 
-from .. import _sqlite
 from .._private import private_dir, private_file
 from ..errors import CacheError, ConfigError, DiskFull, DiskUnavailable, WarmstartError
 from . import _codec
+from ._index import DiskIndex, IndexRow
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS = [
-    (
-        "0001_chunks",
-        "CREATE TABLE chunks (key BLOB PRIMARY KEY, fingerprint BLOB NOT NULL, "
-        "parent BLOB NOT NULL, start INTEGER NOT NULL, tokens BLOB NOT NULL, "
-        "nbytes INTEGER NOT NULL, created REAL NOT NULL);"
-        "CREATE INDEX chunks_by_fingerprint ON chunks (fingerprint)",
-    ),
-]
 
-
-@dataclass(frozen=True)
-class _Pending:
-    payload: bytes | memoryview
-    key: bytes
-    fingerprint: bytes
-    level: int
-
-
-class ZstdDisk(diskcache.Disk):
-    """diskcache's Disk with the chunk codec: a pending chunk is encoded (header,
-    zstd, checksum) on store; fetch hands back the record, which DiskTier.get
-    verifies against the key it asked for.
-
-    Files are made private (0600): KV caches hold the user's conversations.
-    """
+class PrivateDisk(diskcache.Disk):
+    """diskcache's Disk with private files (0600, directories 0700): KV caches hold
+    the user's conversations. Values reach it already encoded (DiskTier.put), as
+    plain bytes, which diskcache keeps raw (unpickled)."""
 
     def filename(
         self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN
@@ -75,22 +51,10 @@ class ZstdDisk(diskcache.Disk):
         return filename, full_path
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
-        if isinstance(value, _Pending):
-            # plain bytes (not a subclass): diskcache then stores them raw, unpickled
-            value = _codec.encode(value.payload, value.key, value.fingerprint, value.level)
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             os.chmod(os.path.join(self._directory, filename), 0o600)
         return size, mode, filename, db_value
-
-
-@dataclass(frozen=True)
-class IndexRow:
-    key: bytes
-    parent: bytes
-    start: int
-    tokens: tuple[int, ...]
-    nbytes: int
 
 
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EIO)
@@ -141,12 +105,12 @@ def drop_chunks(directory: Path, keys: set[bytes]) -> None:
     opened with the settings it stored: the size budget stays the server's)."""
     if not keys or not (directory / "index.db").is_file():
         return
-    blobs = diskcache.Cache(str(directory / "blobs"), disk=ZstdDisk)
-    index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+    blobs = diskcache.Cache(str(directory / "blobs"), disk=PrivateDisk)
+    index = DiskIndex(directory / "index.db")
     try:
         for key in keys:
             blobs.delete(key.hex(), retry=True)
-            index.execute("DELETE FROM chunks WHERE key = ?", (key,))
+        index.delete(keys)
     finally:
         blobs.close()
         index.close()
@@ -181,17 +145,16 @@ class DiskTier:
         self.directory = directory
         self.level = level
         self._fp = _codec.fingerprint_digest(fingerprint)
-        self._lock = threading.Lock()
         try:
             # a symlink or another user's directory is refused, never followed and re-moded
             private_dir(directory, "cache_dir")
-            self._index = _sqlite.connect(directory / "index.db", MIGRATIONS)
+            self._index = DiskIndex(directory / "index.db")
         except (OSError, sqlite3.Error, ConfigError, WarmstartError) as exc:
             raise _as_unavailable(directory, exc) from exc
         try:
             self._blobs = diskcache.Cache(
                 str(directory / "blobs"),
-                disk=ZstdDisk,
+                disk=PrivateDisk,
                 size_limit=budget_bytes,
                 eviction_policy="least-recently-used",
                 cull_limit=16,
@@ -222,37 +185,20 @@ class DiskTier:
 
     def rows(self) -> Iterator[IndexRow]:
         """Every indexed chunk of this fingerprint (no blob is read)."""
-        with self._lock:
-            found = self._index.execute(
-                "SELECT key, parent, start, tokens, nbytes FROM chunks WHERE fingerprint = ?",
-                (self._fp,),
-            ).fetchall()
-        for key, parent, start, tokens, nbytes in found:
-            yield IndexRow(key, parent, start, tuple(array("i", tokens)), nbytes)
+        return self._index.rows(self._fp)
 
-    def put(self, row: IndexRow, payload: bytes | memoryview) -> None:
-        """Writes one chunk through; raises DiskFull or CacheError (nothing half-indexed)."""
+    def put(self, row: IndexRow, payload: bytes | memoryview) -> bytes:
+        """Encodes one chunk (header, zstd, checksum: ``_codec``) and writes it through;
+        returns its key. Raises DiskFull or CacheError (nothing half-indexed)."""
+        record = _codec.encode(payload, row.key, self._fp, self.level)
         try:
-            self._blobs.set(row.key.hex(), _Pending(payload, row.key, self._fp, self.level))
-            with self._lock:
-                self._index.execute(
-                    "INSERT OR REPLACE INTO chunks"
-                    " (key, fingerprint, parent, start, tokens, nbytes, created)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        row.key,
-                        self._fp,
-                        row.parent,
-                        row.start,
-                        array("i", row.tokens).tobytes(),
-                        row.nbytes,
-                        time.time(),
-                    ),
-                )
+            self._blobs.set(row.key.hex(), record)
+            self._index.put(self._fp, row)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             if _is_disk_full(exc) or _is_unwritable(exc):
                 raise disk_problem(self.directory, exc) from exc
             raise CacheError(f"cannot write chunk {row.key.hex()}: {exc}") from exc
+        return row.key
 
     def read_into(self, key: bytes, out: np.ndarray) -> int | None:
         """Reads the chunk's KV bytes straight from its file into ``out``, verified;
@@ -280,9 +226,8 @@ class DiskTier:
 
     def get(self, key: bytes) -> bytes | None:
         """The chunk's KV bytes (a copy); see read_into."""
-        with self._lock:
-            row = self._index.execute("SELECT nbytes FROM chunks WHERE key = ?", (key,)).fetchone()
-        out = np.empty(row[0] if row else 1 << 26, dtype=np.uint8)
+        nbytes = self._index.nbytes(key)
+        out = np.empty(1 << 26 if nbytes is None else nbytes, dtype=np.uint8)
         n = self.read_into(key, out)
         return None if n is None else out[:n].tobytes()
 
@@ -294,8 +239,7 @@ class DiskTier:
         self._drop_row(key)
 
     def _drop_row(self, key: bytes) -> None:
-        with self._lock:
-            self._index.execute("DELETE FROM chunks WHERE key = ?", (key,))
+        self._index.delete((key,))
 
     def volume(self) -> int:
         return int(self._blobs.volume())
@@ -319,10 +263,8 @@ class DiskTier:
 
     def clear(self) -> None:
         self._blobs.clear(retry=True)
-        with self._lock:
-            self._index.execute("DELETE FROM chunks")
+        self._index.clear()
 
     def close(self) -> None:
         self._blobs.close()
-        with self._lock:
-            self._index.close()
+        self._index.close()

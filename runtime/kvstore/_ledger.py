@@ -23,8 +23,8 @@ class Record:
     start: int
     tokens: tuple[int, ...]
     nbytes: int
-    slot: int | None = None  # RAM pool slot, when resident in T1
-    on_disk: bool = False  # a verified copy exists in T2
+    slot: int | None = None  # RAM pool slot, when in the pool
+    on_disk: bool = False  # a verified copy is in the disk tier
     pins: int = 0
     last_used: float = 0.0
     promoted_at: float = 0.0

@@ -1,38 +1,39 @@
-"""The tiered store: RAM pool (T1) over disk (T2), with write-through in the background.
+"""The tiered store: the RAM pool over the disk tier, with write-through in the background.
 
-Knows nothing of llama.cpp: it takes and gives KV bytes. The runtime core copies
-them out of and into the context. All public methods may be called from the
-runtime's worker thread while the writer thread flushes to disk.
+It plans and keeps records; it never moves bytes (vLLM's KV offloading manager is
+the model). A load is ``prepare_load`` (the stored prefix of a prompt, pinned, and
+where each chunk's bytes are), the bytes moved by the transfer worker
+(``_transfer.Transfers``) or read by the engine from the pool, then
+``complete_load``. A store is ``prepare_store`` (the chunks it lacks, with room
+reserved), the engine cutting their bytes into that room, then ``complete_store``,
+which records them and has the worker write them through. Expected refusals (a
+miss, no room, a write that failed) are return values and reports, not exceptions.
+
+Knows nothing of llama.cpp. All public methods may be called from the runtime's
+worker thread while the transfer worker writes to disk.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import CacheError, DiskFull, DiskUnavailable
-from ._disk import DiskTier, IndexRow
-from ._keys import root_key
-from ._ledger import Hit, Ledger, Record
+from ._disk import DiskTier
+from ._index import unshared
+from ._keys import chunk_key, root_key
+from ._ledger import Ledger, Record
+from ._plans import Load, LoadPlan, Read, Save, StorePlan
 from ._pool import RamPool
+from ._transfer import Transfers
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Reservation:
-    """Room for one chunk being captured: a pool slot, or a temporary buffer."""
-
-    buffer: np.ndarray
-    slot: int | None
 
 
 class TieredStore:
@@ -59,7 +60,7 @@ class TieredStore:
         self.min_residency_s = min_residency_s
         self.ledger = Ledger(clock)
         self._lock = threading.RLock()
-        self._writes: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self.transfers = Transfers(self)
         self.counters = {
             "evictions": 0,
             "demotions": 0,
@@ -79,8 +80,7 @@ class TieredStore:
             self._adopt(disk)
         elif disk_problem is not None:
             self._degrade(disk_problem)
-        self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
-        self._writer.start()
+        self.transfers.start()
 
     def _adopt(self, disk: DiskTier) -> None:
         """Indexes what ``disk`` holds (no blob is read)."""
@@ -90,17 +90,8 @@ class TieredStore:
                 if existing is not None:
                     existing.on_disk = True
                     continue
-                self.ledger.add(
-                    Record(
-                        row.key,
-                        row.parent,
-                        row.start,
-                        row.tokens,
-                        row.nbytes,
-                        on_disk=True,
-                        last_used=0.0,
-                    )
-                )
+                fields = (row.key, row.parent, row.start, row.tokens, row.nbytes)
+                self.ledger.add(Record(*fields, on_disk=True, last_used=0.0))
 
     # a degraded disk tier ------------------------------------------------------
     def _degrade(self, reason: str) -> None:
@@ -120,9 +111,9 @@ class TieredStore:
     def retry_now(self) -> None:
         """Tries the degraded disk tier again at the writer's next turn."""
         self._last_try = float("-inf")
-        self._writes.put(("noop", None))
+        self.transfers.wake()
 
-    def _maybe_recover(self) -> None:
+    def maybe_recover(self) -> None:
         """On the writer thread: brings the disk tier back once it can write again,
         and writes through the chunks captured meanwhile (those still in RAM)."""
         if not self.disk_degraded or time.monotonic() - self._last_try < self.retry_s:
@@ -145,79 +136,79 @@ class TieredStore:
             pending = [r for r in self.ledger.records.values() if not r.on_disk]
             for record in pending:
                 if record.slot is not None and self.pool is not None:
-                    record.pins += 1  # the write holds it until flushed, as in commit()
-                    payload = self.pool.view(record.slot, record.nbytes)
-                    self._writes.put(("put", (record, payload)))
+                    record.pins += 1  # the write holds it until flushed, as in _commit()
+                    self.transfers.write(record, self.pool.view(record.slot, record.nbytes))
         log.warning("disk tier back: writing to the disk cache again (%d chunks)", len(pending))
 
-    # lookup and reads ---------------------------------------------------------
-    def lookup(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
-        """prepare_load: the cached chunks of ``ids`` along ``cuts``, pinned."""
+    # loads ----------------------------------------------------------------------
+    def prepare_load(
+        self, ids: Sequence[int], cuts: Sequence[int], staging_bytes: int = 0
+    ) -> LoadPlan:
+        """The stored chunks of ``ids``, one per batch of ``cuts`` (the batch ends its
+        prefill uses), pinned until ``complete_load``; disk chunks are given places in
+        a staging memory of ``staging_bytes``, one after another while it lasts."""
         with self._lock:
-            hits = self.ledger.lookup(self.root, ids, cuts)
-            out = []
-            for hit in hits:
+            records = []
+            for hit in self.ledger.lookup(self.root, ids, cuts):
                 if hit.record.tier is None:
                     break
-                out.append(hit)
-            self.ledger.pin(h.record for h in out)  # prepare_load: pinned until release()
-            return out
+                records.append(hit.record)
+            self.ledger.pin(records)
+            loads, at = [], 0
+            for r in records:
+                offset = None
+                if r.slot is None and staging_bytes - at >= r.nbytes:
+                    offset, at = at, at + r.nbytes
+                tier = r.tier or "disk"
+                loads.append(Load(r.key, r.start, r.end, r.nbytes, tier, r.slot, offset))
+            return LoadPlan(tuple(loads), tuple(records))
 
-    def release(self, hits: Sequence[Hit]) -> None:
-        """complete_load: unpins; a chunk doomed while it was being read goes now."""
+    def complete_load(self, plan: LoadPlan) -> None:
+        """Unpins; a chunk doomed while it was being read goes now."""
         with self._lock:
-            self.ledger.unpin(h.record for h in hits)
-            self.ledger.touch(h.record for h in hits)
-            for hit in hits:
-                if hit.record.doomed:
-                    self._forget(hit.record)
+            self.ledger.unpin(plan.records)
+            self.ledger.touch(plan.records)
+            for record in plan.records:
+                if record.doomed:
+                    self._forget(record)
 
-    def read(self, record: Record, staging: np.ndarray | None = None) -> np.ndarray | None:
-        """The chunk's bytes from the fastest tier. A disk read lands in ``staging`` when
-        given (memory already touched: the request path pays no page faults; promote()
-        later), else straight in a free pool slot (so reading it promotes it, with no
-        extra copy). None when the chunk is gone or proved corrupt (then dropped)."""
+    def begin_read(self, record: Record, staging: np.ndarray | None = None) -> Read | None:
+        """For the transfer worker: where one chunk's bytes are, and where a disk read
+        of them lands (``staging`` when it fits, else a free pool slot, else a buffer
+        of its own); None when the chunk is in no tier."""
         with self._lock:
             if record.slot is not None and self.pool is not None:
-                return self.pool.view(record.slot, record.nbytes)
+                return Read(ready=self.pool.view(record.slot, record.nbytes))
             if self.disk is None or not record.on_disk:
                 return None
-            use_staging = staging is not None and staging.nbytes >= record.nbytes
-            slot = self._alloc_slot() if self.pool is not None and not use_staging else None
-        assert self.disk is not None
-        buf: np.ndarray
-        if use_staging and staging is not None:
-            buf = staging
-        elif slot is not None and self.pool is not None:
-            buf = self.pool.view(slot)
-        else:
-            buf = np.empty(record.nbytes, dtype=np.uint8)
-        try:
-            n = self.disk.read_into(record.key, buf)
-        except CacheError as exc:
-            log.warning("dropping chunk %s: %s", record.key.hex()[:12], exc)
-            self.counters["corrupt"] += 1
-            n = None
-        return self._land(record, slot, buf, n)
+            if staging is not None and staging.nbytes >= record.nbytes:
+                return Read(buffer=staging)
+            slot = self._alloc_slot() if self.pool is not None else None
+        if slot is not None and self.pool is not None:
+            return Read(buffer=self.pool.view(slot), slot=slot)
+        return Read(buffer=np.empty(record.nbytes, dtype=np.uint8))
 
-    def _land(
-        self, record: Record, slot: int | None, buf: np.ndarray, n: int | None
+    def end_read(
+        self, record: Record, read: Read, n: int | None, corrupt: bool
     ) -> np.ndarray | None:
+        """The transfer worker's report of a disk read (``n`` bytes, None when the blob
+        was gone): the bytes as landed, or None (the chunk then dropped)."""
         with self._lock:
-            if n is None or n != record.nbytes:
-                self._release_slot(slot)
+            self.counters["corrupt"] += int(corrupt)
+            if n is None or n != record.nbytes or read.buffer is None:
+                self._release_slot(read.slot)
                 self._forget(record)
                 return None
-            if slot is None:
-                return buf[:n]
+            if read.slot is None:
+                return read.buffer[:n]
             assert self.pool is not None
             if record.slot is not None:  # promoted meanwhile by another reader
-                self.pool.release(slot)
+                self.pool.release(read.slot)
                 return self.pool.view(record.slot, n)
-            self.pool.set_length(slot, n)
-            record.slot = slot
+            self.pool.set_length(read.slot, n)
+            record.slot = read.slot
             record.promoted_at = self.ledger.clock()
-            return self.pool.view(slot, n)
+            return self.pool.view(read.slot, n)
 
     def _release_slot(self, slot: int | None) -> None:
         if slot is not None and self.pool is not None:
@@ -227,62 +218,110 @@ class TieredStore:
         with self._lock:
             return self.ledger.chain(leaf)
 
-    # capture ------------------------------------------------------------------
+    def parent_of(self, key: bytes) -> bytes | None:
+        """The key before ``key`` in its chain (None: not stored)."""
+        with self._lock:
+            record = self.ledger.get(key)
+            return None if record is None else record.parent
+
+    # stores ---------------------------------------------------------------------
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             record = self.ledger.get(key)
             return record is not None and record.tier is not None and not record.doomed
 
-    def reserve(self, nbytes: int) -> Reservation:
-        """prepare_store: room for ``nbytes`` (a pool slot when one can be had)."""
-        with self._lock:
-            if self.pool is not None and nbytes <= self.pool.slot_bytes:
-                slot = self._alloc_slot()
-                if slot is not None:
-                    return Reservation(self.pool.view(slot), slot)
-        return Reservation(np.empty(nbytes, dtype=np.uint8), None)
-
-    def abort(self, reservation: Reservation) -> None:
-        """complete_store(success=False)."""
-        if reservation.slot is not None and self.pool is not None:
-            with self._lock:
-                self.pool.release(reservation.slot)
-
-    def commit(
+    def prepare_store(
         self,
-        reservation: Reservation,
-        key: bytes,
-        parent: bytes,
-        start: int,
         tokens: Sequence[int],
-        nbytes: int,
-    ) -> Record:
-        """complete_store(success=True): records the chunk and writes it through."""
+        ends: Sequence[int],
+        size: Callable[[int], int],
+        parent: bytes | None = None,
+        start: int = 0,
+    ) -> StorePlan:
+        """The chunks of a sequence along its batch ``ends`` (positions), with room
+        reserved (``size(n)`` bytes for ``n`` tokens) for each one the store lacks.
+        ``tokens`` start at position ``start`` of a prefix named ``parent`` (default:
+        the whole sequence from position 0)."""
+        keys, saves = [], []
+        parent = self.root if parent is None else parent
+        c0 = start
         with self._lock:
-            record = Record(key, parent, start, tuple(tokens), nbytes)
-            existing = self.ledger.get(key)
-            if existing is not None and existing.tier is not None:
-                existing.doomed = False  # wanted again after all
-                self.abort(reservation)
-                return existing
-            if existing is not None:
-                self.ledger.remove(key)
-            if reservation.slot is not None and self.pool is not None:
-                self.pool.set_length(reservation.slot, nbytes)
-                record.slot = reservation.slot
-                record.promoted_at = self.ledger.clock()
-            self.ledger.add(record)
-            if self.disk is not None and not self.disk_degraded:
-                record.pins += 1  # the write holds it until flushed
-                payload = (
-                    self.pool.view(record.slot, nbytes)
-                    if record.slot is not None and self.pool is not None
-                    else reservation.buffer[:nbytes]
-                )
-                self._writes.put(("put", (record, payload)))
-            elif record.slot is None:
-                self.ledger.remove(key)  # no RAM, no disk: nothing holds it
-            return record
+            for c1 in ends:
+                segment = tuple(tokens[c0 - start : c1 - start])
+                key = chunk_key(parent, segment)
+                if key not in self:
+                    buffer, slot = self._reserve(size(len(segment)))
+                    saves.append(Save(key, parent, c0, segment, buffer, slot))
+                keys.append(key)
+                parent, c0 = key, c1
+        return StorePlan(list(ends), keys, saves)
+
+    def _reserve(self, nbytes: int) -> tuple[np.ndarray, int | None]:
+        """Room for ``nbytes``: a pool slot when one can be had, else a buffer."""
+        if self.pool is not None and nbytes <= self.pool.slot_bytes:
+            slot = self._alloc_slot()
+            if slot is not None:
+                return self.pool.view(slot), slot
+        return np.empty(nbytes, dtype=np.uint8), None
+
+    def complete_store(self, plan: StorePlan, ok: bool = True) -> bytes | None:
+        """Records the chunks written (``nbytes`` set), up to the first one that was
+        not, and writes them through; the rest give their room back. ``ok`` False:
+        nothing is recorded. Returns the key of the longest prefix now kept."""
+        with self._lock:
+            failed = not ok
+            for save in plan.saves:
+                failed = failed or save.nbytes is None
+                if failed:
+                    self._release_slot(save.slot)
+                else:
+                    self._commit(save)
+        return plan.leaf() if ok else None
+
+    def _commit(self, save: Save) -> Record:
+        """Records one chunk (lock held) and has it written through."""
+        assert save.nbytes is not None
+        nbytes = save.nbytes
+        existing = self.ledger.get(save.key)
+        if existing is not None and existing.tier is not None:
+            existing.doomed = False  # wanted again after all
+            self._release_slot(save.slot)
+            return existing
+        if existing is not None:
+            self.ledger.remove(save.key)
+        record = Record(save.key, save.parent, save.start, save.tokens, nbytes)
+        if save.slot is not None and self.pool is not None:
+            self.pool.set_length(save.slot, nbytes)
+            record.slot = save.slot
+            record.promoted_at = self.ledger.clock()
+        self.ledger.add(record)
+        if self.disk is not None and not self.disk_degraded:
+            record.pins += 1  # the write holds it until flushed
+            payload = (
+                self.pool.view(record.slot, nbytes)
+                if record.slot is not None and self.pool is not None
+                else save.buffer[:nbytes]
+            )
+            self.transfers.write(record, payload)
+        elif record.slot is None:
+            self.ledger.remove(save.key)  # no RAM, no disk: nothing holds it
+        return record
+
+    def written(self, record: Record, problem: CacheError | None) -> None:
+        """The transfer worker's report of a write-through (``problem`` None: on disk)."""
+        if isinstance(problem, DiskUnavailable):
+            if isinstance(problem, DiskFull):
+                self.counters["disk_full"] += 1
+            self._degrade(str(problem))
+        ok = problem is None
+        with self._lock:
+            record.pins = max(0, record.pins - 1)
+            record.on_disk = record.on_disk or ok
+            self.counters["written"] += int(ok)
+            if record.slot is None and not record.on_disk:
+                self.ledger.remove(record.key)
+            elif record.doomed and not record.pins:
+                self._forget(record)
 
     # room and forgetting -----------------------------------------------------
     def _alloc_slot(self) -> int | None:
@@ -359,7 +398,12 @@ class TieredStore:
             self.ledger.remove(record.key)
             self.counters["dropped"] += 1
         if record.on_disk and self.disk is not None:
-            self._writes.put(("delete", record.key))
+            self.transfers.delete(record.key)
+
+    def drop_unshared(self, leaf: bytes, others: Iterable[bytes | None]) -> int:
+        """Forgets the chunks of the conversation ending at ``leaf`` that none of
+        ``others`` (the other conversations' leaves) uses; returns how many."""
+        return self.drop(list(unshared(self.parent_of, leaf, others)))
 
     def drop(self, keys: Sequence[bytes]) -> int:
         """Forgets these chunks in every tier (unpinned ones); returns how many."""
@@ -371,82 +415,22 @@ class TieredStore:
                 n += 1
         return n
 
-    def promote(
-        self,
-        records: Sequence[Record],
-        make_room: bool = True,
-        stop: threading.Event | None = None,
-    ) -> int:
-        """Brings disk-only chunks into the pool (off the request path); returns tokens
-        promoted. Without ``make_room`` (prewarm) it stops at the high watermark rather
-        than demote chunks that are warm for a reason; ``stop`` set ends it early."""
-        tokens = 0
-        for record in records:
-            if stop is not None and stop.is_set():
-                break
-            if record.slot is not None or not record.on_disk or record.key not in self.ledger:
-                continue
-            if self.pool is None or (not make_room and self.pool.fill() >= self.high):
-                break
-            if not self.pool.limit_slots:  # memory is short: a read would land nowhere
-                break
-            if self.read(record) is not None and record.slot is not None:
-                tokens += len(record.tokens)
-        return tokens
-
-    # the writer ----------------------------------------------------------------
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                item = self._writes.get(timeout=self.retry_s)
-            except queue.Empty:
-                self._maybe_recover()
-                continue
-            self._maybe_recover()
-            try:
-                if item is None:
-                    return
-                op, arg = item
-                if op == "put":
-                    self._write_one(*arg)
-                elif op == "delete" and self.disk is not None:
-                    self.disk.delete(arg)
-            except Exception:  # the writer must outlive any one bad chunk
-                log.exception("background cache write failed")
-            finally:
-                self._writes.task_done()
-
-    def _write_one(self, record: Record, payload: np.ndarray) -> None:
-        assert self.disk is not None
-        try:
-            self.disk.put(
-                IndexRow(record.key, record.parent, record.start, record.tokens, record.nbytes),
-                payload.data,
-            )
-            ok = True
-        except DiskUnavailable as exc:
-            ok = False
-            if isinstance(exc, DiskFull):
-                self.counters["disk_full"] += 1
-            self._degrade(str(exc))
-        except CacheError as exc:
-            ok = False
-            log.warning("%s", exc)
+    def may_promote(self, record: Record, make_room: bool) -> bool | None:
+        """Whether ``record`` is worth reading into the pool now; None when nothing is
+        (no pool, at the watermark without ``make_room``, memory short)."""
         with self._lock:
-            record.pins = max(0, record.pins - 1)
-            record.on_disk = record.on_disk or ok
-            self.counters["written"] += int(ok)
-            if record.slot is None and not record.on_disk:
-                self.ledger.remove(record.key)
-            elif record.doomed and not record.pins:
-                self._forget(record)
+            if record.slot is not None or not record.on_disk or record.key not in self.ledger:
+                return False
+            if self.pool is None or (not make_room and self.pool.fill() >= self.high):
+                return None
+            if not self.pool.limit_slots:  # memory is short: a read would land nowhere
+                return None
+            return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every chunk captured so far is on disk and every deletion asked
         for so far is done; False when ``timeout`` ran out first."""
-        done = self._writes.all_tasks_done
-        with done:
-            return done.wait_for(lambda: not self._writes.unfinished_tasks, timeout)
+        return self.transfers.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counts from what is really there: the disk figures come from the blobs on
@@ -482,7 +466,7 @@ class TieredStore:
                     "degraded": self.disk_degraded,
                     "degraded_reason": self.degraded_reason,
                 },
-                "pending_writes": self._writes.qsize(),
+                "pending_writes": self.transfers.pending(),
             }
             out.update(self.counters)
             return out
@@ -507,8 +491,6 @@ class TieredStore:
                 self.disk.clear()
 
     def close(self) -> None:
-        if self._writer.is_alive():
-            self._writes.put(None)
-            self._writer.join()
+        self.transfers.close()
         if self.disk is not None:
             self.disk.close()

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from warmstart.runtime import _sqlite
 from warmstart.runtime.errors import CacheError
-from warmstart.runtime.kvstore._disk import MIGRATIONS, DiskTier, IndexRow
+from warmstart.runtime.kvstore._disk import DiskTier
+from warmstart.runtime.kvstore._index import MIGRATIONS, IndexRow
 
 PAYLOAD = random.Random(0).randbytes(100_000)  # incompressible: stored as a file
 

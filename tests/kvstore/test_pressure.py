@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from warmstart.runtime.kvstore._disk import DiskTier
-from warmstart.runtime.kvstore._keys import chunk_key
 from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._pressure import MemoryWatcher, next_limit, read_available
 from warmstart.runtime.kvstore._store import TieredStore
@@ -37,11 +36,14 @@ def fill(store: TieredStore, n: int) -> list[bytes]:
     keys, parent = [], store.root
     for i in range(n):
         data = random.Random(i).randbytes(SLOT)
-        res = store.reserve(SLOT)
-        res.buffer[:SLOT] = np.frombuffer(data, dtype=np.uint8)
-        record = store.commit(res, chunk_key(parent, [i]), parent, i, [i], SLOT)
-        keys.append(record.key)
-        parent = record.key
+        plan = store.prepare_store([i], [i + 1], lambda _n: SLOT, parent=parent, start=i)
+        (save,) = plan.saves
+        save.buffer[:SLOT] = np.frombuffer(data, dtype=np.uint8)
+        save.nbytes = SLOT
+        key = store.complete_store(plan)
+        assert key is not None
+        keys.append(key)
+        parent = key
     store.flush()
     return keys
 
@@ -85,10 +87,10 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
     assert stats["pressure_events"] == 1 and stats["returned_bytes"] == 5 * SLOT
     assert watcher.under_pressure
     # the coldest went (the first chunk, a system prompt, is kept longest)
-    hits = store.lookup(list(range(9)), range(1, 9))
-    assert [h.record.tier for h in hits][:1] == ["ram"]
-    assert [h.record.tier for h in hits].count("disk") == 5
-    store.release(hits)
+    plan = store.prepare_load(list(range(9)), range(1, 9))
+    assert [c.tier for c in plan.loads][:1] == ["ram"]
+    assert [c.tier for c in plan.loads].count("disk") == 5
+    store.complete_load(plan)
 
     meminfo.available += 5 * SLOT  # what the pool gave back
     watcher.check()  # at the floor: neither shrinks nor grows
@@ -99,14 +101,14 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
 
     demoted = [r for r in store.chain(keys[-1]) if r.tier == "disk"]
     store.shrink_ram(0)
-    assert store.promote(demoted) == 0  # no room at all: nothing read for nothing
+    assert store.transfers.promote(demoted) == 0  # no room at all: nothing read for nothing
     meminfo.available = 10 * MiB + 5 * SLOT + 32 * SLOT  # memory is back
     watcher.check()
     assert store.ram_figures()[1] == capacity and not watcher.under_pressure
     # the demoted chunks answer from disk, and come back into RAM when read
     record = store.chain(keys[-1])[-1]
     assert record.tier == "disk"
-    assert bytes(store.read(record)) == random.Random(7).randbytes(SLOT)  # type: ignore[arg-type]
+    assert bytes(store.transfers.read(record)) == random.Random(7).randbytes(SLOT)  # type: ignore[arg-type]
     assert record.tier == "ram"
     store.close()
 
@@ -124,10 +126,10 @@ def test_without_the_disk_tier_the_demoted_chunks_are_dropped(tmp_path: Path) ->
 def test_a_chunk_being_read_stays_until_released(tmp_path: Path) -> None:
     store = make(tmp_path)
     fill(store, 4)
-    hits = store.lookup(list(range(5)), range(1, 5))  # pinned, as a restore does
+    plan = store.prepare_load(list(range(5)), range(1, 5))  # pinned, as a restore does
     MemoryWatcher(store, floor_bytes=2 * MiB, read=FakeMeminfo(MiB)).check()
-    assert all(h.record.tier == "ram" for h in hits)
-    store.release(hits)
+    assert all(r.tier == "ram" for r in plan.records)
+    store.complete_load(plan)
     store.shrink_ram(0)
     assert store.stats()["ram"]["chunks"] == 0
     store.close()

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from warmstart.runtime.errors import DiskFull
 from warmstart.runtime.kvstore._disk import DiskTier
-from warmstart.runtime.kvstore._keys import chunk_key
 from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._store import TieredStore
 
@@ -17,9 +16,15 @@ def blob(seed: int, n: int = 6000) -> bytes:
 
 
 def put(store: TieredStore, parent: bytes, start: int, tokens: list[int], data: bytes):  # type: ignore[no-untyped-def]
-    res = store.reserve(len(data))
-    res.buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    return store.commit(res, chunk_key(parent, tokens), parent, start, tokens, len(data))
+    """Keeps one chunk as a capture does: prepare_store, the bytes cut, complete_store."""
+    end = start + len(tokens)
+    plan = store.prepare_store(tokens, [end], lambda _n: len(data), parent=parent, start=start)
+    for save in plan.saves:
+        save.buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        save.nbytes = len(data)
+    key = store.complete_store(plan)
+    assert key is not None
+    return store.ledger.get(key)
 
 
 def make(tmp_path: Path, slots: int = 4, disk: bool = True, **kw: object) -> TieredStore:
@@ -31,18 +36,18 @@ def test_capture_then_read_from_ram_and_from_disk_in_a_new_store(tmp_path: Path)
     store = make(tmp_path)
     a = put(store, store.root, 0, [1, 2], blob(1))
     b = put(store, a.key, 2, [3, 4], blob(2))
-    hits = store.lookup([1, 2, 3, 4, 5], [2, 4])
-    assert [h.record.tier for h in hits] == ["ram", "ram"]
-    assert bytes(store.read(b)) == blob(2)  # type: ignore[arg-type]
-    store.release(hits)
+    plan = store.prepare_load([1, 2, 3, 4, 5], [2, 4])
+    assert [c.tier for c in plan.loads] == ["ram", "ram"]
+    assert bytes(store.transfers.read(b)) == blob(2)  # type: ignore[arg-type]
+    store.complete_load(plan)
     store.flush()
     store.close()
     again = make(tmp_path)
-    hits = again.lookup([1, 2, 3, 4, 5], [2, 4])
-    assert [h.record.tier for h in hits] == ["disk", "disk"]
-    assert bytes(again.read(hits[1].record)) == blob(2)  # type: ignore[arg-type]
-    assert hits[1].record.tier == "ram"  # promoted on read
-    again.release(hits)
+    plan = again.prepare_load([1, 2, 3, 4, 5], [2, 4])
+    assert [c.tier for c in plan.loads] == ["disk", "disk"]
+    assert bytes(again.transfers.read(plan.records[1])) == blob(2)  # type: ignore[arg-type]
+    assert plan.records[1].tier == "ram"  # promoted on read
+    again.complete_load(plan)
     again.close()
 
 
@@ -67,10 +72,10 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
     assert stats["ram"]["chunks"] <= 3 and stats["disk"]["chunks"] == 8
     assert stats["demotions"] >= 5
     # everything is still restorable, from one tier or the other
-    hits = store.lookup([*range(8), 99], range(1, 9))
-    assert len(hits) == 8
-    assert all(store.read(h.record) is not None for h in hits)
-    store.release(hits)
+    plan = store.prepare_load([*range(8), 99], range(1, 9))
+    assert len(plan.loads) == 8
+    assert len(store.transfers.load(plan)) == 8
+    store.complete_load(plan)
     store.close()
 
 
@@ -97,7 +102,7 @@ def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
     rec = put(store, store.root, 0, [1, 2], blob(1))
     store.flush()
     assert store.disk_degraded and store.stats()["disk_full"] == 1
-    assert rec.tier == "ram" and bytes(store.read(rec)) == blob(1)  # type: ignore[arg-type]
+    assert rec.tier == "ram" and bytes(store.transfers.read(rec)) == blob(1)  # type: ignore[arg-type]
     store.close()
 
 
@@ -109,7 +114,7 @@ def test_a_tail_stays_beside_the_longer_chunk(tmp_path: Path) -> None:
     put(store, store.root, 0, [1, 2, 3, 4], blob(2))
     store.flush()
     assert tail.key in store
-    assert [h.record for h in store.lookup([1, 2, 9], [2])] == [tail]
+    assert store.prepare_load([1, 2, 9], [2]).records == (tail,)
     store.close()
 
 
@@ -132,4 +137,66 @@ def test_stats_count_what_is_on_disk_after_evictions(tmp_path: Path) -> None:
         tier.delete(key)
     emptied = store.stats()["disk"]
     assert emptied["chunks"] == 0 and emptied["tokens"] == 0 and emptied["kv_bytes"] == 0
+    store.close()
+
+
+def test_a_load_plan_says_where_each_chunk_is_and_where_disk_reads_land(tmp_path: Path) -> None:
+    store = make(tmp_path)
+    parent, start = store.root, 0
+    for i in range(3):
+        parent = put(store, parent, start, [i, i], blob(i)).key
+        start += 2
+    store.flush()
+    store.close()
+    again = make(tmp_path)
+    # room in the staging memory for two of the three disk chunks, one after another
+    plan = again.prepare_load([0, 0, 1, 1, 2, 2, 9], [2, 4, 6], staging_bytes=2 * 6000 + 10)
+    assert [(c.start, c.end, c.tier, c.offset) for c in plan.loads] == [
+        (0, 2, "disk", 0),
+        (2, 4, "disk", 6000),
+        (4, 6, "disk", None),
+    ]
+    assert plan.end == 6 and plan.nbytes == 18000 and plan.slowest == "disk"
+    staging = np.zeros(2 * 6000 + 10, dtype=np.uint8)
+    blobs = again.transfers.load(plan, staging)
+    assert [bytes(b) for b in blobs] == [blob(0), blob(1), blob(2)]
+    assert bytes(staging[6000:12000]) == blob(1)  # landed where the plan said
+    # the one without staging room went to a pool slot: read means promoted
+    assert [r.tier for r in plan.records] == ["disk", "disk", "ram"]
+    assert plan.tokens_by_tier(3) == {"disk": 6}
+    assert plan.to_promote(2) == list(plan.records[:2])
+    again.complete_load(plan)
+    again.close()
+
+
+def test_a_planned_chunk_is_pinned_until_the_load_completes(tmp_path: Path) -> None:
+    store = make(tmp_path, disk=False)
+    rec = put(store, store.root, 0, [1, 2], blob(1))
+    plan = store.prepare_load([1, 2, 3], [2])
+    assert store.drop([rec.key]) == 1
+    assert store.transfers.load(plan) and rec.key in store.ledger  # doomed, still readable
+    store.complete_load(plan)
+    assert rec.key not in store.ledger  # gone with its last pin
+    store.close()
+
+
+def test_a_store_plan_keeps_the_prefix_up_to_the_first_failed_cut(tmp_path: Path) -> None:
+    store = make(tmp_path, slots=8)
+    tokens = [1, 2, 3, 4, 5, 6]
+    plan = store.prepare_store(tokens, [2, 4, 6], lambda n: 3000 * n)
+    assert [(s.start, s.end) for s in plan.saves] == [(0, 2), (2, 4), (4, 6)]
+    assert all(s.slot is not None for s in plan.saves)  # room reserved in the pool
+    for save, data in zip(plan.saves, (blob(1), None, blob(3)), strict=True):
+        if data is not None:
+            save.buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+            save.nbytes = len(data)
+    leaf = store.complete_store(plan)
+    assert leaf == plan.keys[0]  # the second cut failed: the third is not kept either
+    store.flush()
+    assert store.stats()["chunks"] == 1 and store.stats()["ram"]["chunks"] == 1
+    assert store.pool is not None and store.pool.used_slots == 1  # the rest gave room back
+    again = store.prepare_store(tokens, [2, 4, 6], lambda n: 3000 * n)
+    assert [(s.start, s.end) for s in again.saves] == [(2, 4), (4, 6)]  # only what it lacks
+    assert store.complete_store(again, ok=False) is None
+    assert store.pool.used_slots == 1 and store.stats()["chunks"] == 1
     store.close()
