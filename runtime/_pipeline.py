@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .engine._engine import Engine, Resident, reusable
-from .engine._sampling import Sampler, token_logprob
+from .engine._protocol import Engine, TokenSampler
+from .engine._residents import Resident, reusable
+from .engine._sampling import token_logprob
 from .engine._text import TextAssembler
 from .errors import EngineError, WarmstartError
 from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, chunk_key, decode_groups
@@ -296,7 +297,7 @@ class Job:
             self.reply_message = self.tools.parse(self.reply)
 
     def _sample(
-        self, sampler: Sampler, kept: np.ndarray | None = None
+        self, sampler: TokenSampler, kept: np.ndarray | None = None
     ) -> tuple[int, tuple[TokenLogprob, ...]]:
         """The next token, and its log-probability when the request asks for them
         (from the logits the sampler drew from: it leaves them unchanged)."""

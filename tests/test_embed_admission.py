@@ -27,12 +27,12 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]
 
         rt: Runtime = FakeRuntime(n_ctx=512, max_queue=1, prefill_delay=1e-3)
     else:
-        from warmstart.runtime.core import LocalRuntime
+        from warmstart.runtime.factory import build_runtime
 
         from tests.conftest import small_settings
 
         model = request.getfixturevalue("model_path")
-        rt = LocalRuntime(small_settings(tmp_path, model, n_ctx=512, max_queue=1))
+        rt = build_runtime(small_settings(tmp_path, model, n_ctx=512, max_queue=1))
     yield rt
     rt.close()
 
