@@ -23,9 +23,12 @@ LONG = ["word " * 100] * 400
 @pytest.fixture(params=["fake", "local"])
 def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
     if request.param == "fake":
-        from warmstart.runtime.fake import FakeRuntime
+        from warmstart.runtime.engine._fake import FakeOptions
 
-        rt: Runtime = FakeRuntime(n_ctx=512, max_queue=1, prefill_delay=1e-3)
+        from tests.conftest import fake_runtime
+
+        options = FakeOptions(prefill_delay=1e-3)
+        rt: Runtime = fake_runtime(tmp_path, options, n_ctx=512, max_queue=1)
     else:
         from warmstart.runtime.factory import build_runtime
 

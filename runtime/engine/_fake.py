@@ -4,8 +4,8 @@ over deterministic text, so tests and demos run it in milliseconds.
 What it pretends, behind the ``Engine`` protocol (_protocol.py):
 
 - Tokens are whitespace-led words (``tokenize``); each word gets an id the first time
-  it is met. The chat template is ``<|role|> content <|end|>`` per message, then
-  ``<|assistant|>``; ``<|end|>`` ends a reply.
+  it is met. The chat template is ``<|role|> : content <|end|>`` per message, then
+  ``<|assistant|> :`` (an opening of two tokens, as ChatML's); ``<|end|>`` ends a reply.
 - The reply to a prompt is fixed when its ids are made (``prompt_ids``): a function
   of the last user message (or of the raw prompt) and of the sampling (``reply_text``:
   greedy is deterministic, ``temperature > 0`` varies with the seed). A grammar makes
@@ -67,8 +67,8 @@ def tokenize(text: str) -> list[str]:
 
 def render(messages: Sequence[Message], generation: bool = True) -> str:
     """The fake chat template."""
-    parts = [f"<|{m.role}|> {m.content.strip()} <|end|>" for m in messages]
-    return " ".join([*parts, "<|assistant|>"] if generation else parts)
+    parts = [f"<|{m.role}|> : {m.content.strip()} <|end|>" for m in messages]
+    return " ".join([*parts, "<|assistant|> :"] if generation else parts)
 
 
 def reply_text(request: Request) -> str:
@@ -203,7 +203,9 @@ class FakeEngine(Residents):
             words = tokenize(render(messages, generation))
             ids = self.model.ids(words)
             anchors = [i for i, w in enumerate(words) if i and w.strip() in ROLES]
-            anchors += [i + 1 for i, w in enumerate(words) if w.strip() == OPENER]
+            # the opener's end, as the real engine's: two tokens, so the prompt's own
+            # tail batch (batch_cuts) is a batch of the next turn too
+            anchors += [i + 2 for i, w in enumerate(words) if w.strip() == OPENER]
         if generation:
             self._remember(ids, self._script(request, plan))
         return ids, tuple(sorted(set(anchors)))
