@@ -213,6 +213,9 @@ def open_fake_runtime(settings: Settings, options: FakeOptions | None = None) ->
     no probe, no calibration; the settings' thresholds or fixed defaults."""
     options = options or FakeOptions()
     tuning = fixed_tuning(settings, FAKE_GEOMETRY)
+    if options.n_ctx is not None:
+        reasons = {**tuning.reasons, "n_ctx": "the fake engine's option"}
+        tuning = dataclasses.replace(tuning, n_ctx=options.n_ctx, reasons=reasons)
     engine = FakeEngine(tuning.n_ctx, tuning.resident_sequences, options)
     embeddings = FakeEmbedder(options, tuning.n_ctx)
     return LocalRuntime(settings, engine, embeddings, tuning, model_id=options.model_id)

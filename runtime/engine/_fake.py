@@ -45,7 +45,7 @@ from ._residents import KvCells, Resident, Residents
 if TYPE_CHECKING:
     from ._protocol import Engine
 
-CELL_BYTES = 64  # a pretend KV cell: the token id and its position, then zeros
+CELL_BYTES = 16  # a pretend KV cell: the token id and its position
 EMBED_DIM = 64
 _TOKEN = re.compile(r"\s*\S+")
 _VOCABULARY = (
@@ -90,6 +90,9 @@ class FakeOptions:
     """How the fake engine behaves beyond the settings (the ``--fake`` server's flags)."""
 
     model_id: str = "warmstart-fake"
+    # tokens a conversation may hold; None: the settings' (a fake may hold more than a
+    # model could: tests of megabyte prompts)
+    n_ctx: int | None = None
     token_delay: float = 0.0  # seconds a generated token costs
     prefill_delay: float = 2e-4  # seconds a prompt token (or an embedded word) costs
     reply_words: int | None = None  # every reply this long (tests of slow readers)
@@ -317,8 +320,7 @@ class FakeEngine(Residents):
 
     def cut(self, snapshot: list[Any], c0: int, c1: int, out: np.ndarray) -> int:
         n = (c1 - c0) * CELL_BYTES
-        cells = np.zeros((c1 - c0, CELL_BYTES // 8), dtype="<i8")
-        cells[:, :2] = snapshot[1][c0:c1]
+        cells = np.array(snapshot[1][c0:c1], dtype="<i8").reshape(-1, 2)
         out[:n] = cells.view(np.uint8).reshape(-1)
         return n
 
@@ -332,9 +334,9 @@ class FakeEngine(Residents):
             return False
         res.forget_logits()
         raw = b"".join(np.asarray(c, dtype=np.uint8).tobytes() for c in chunks)
-        cells = np.frombuffer(raw, dtype="<i8").reshape(-1, CELL_BYTES // 8)[:, :2]
-        expected = np.array([(t, p) for p, t in enumerate(ids[:n])], dtype="<i8")
-        if cells.shape != expected.reshape(-1, 2).shape or not np.array_equal(cells, expected):
+        cells = np.frombuffer(raw, dtype="<i8").reshape(-1, 2)
+        expected = np.array([(t, p) for p, t in enumerate(ids[:n])], dtype="<i8").reshape(-1, 2)
+        if not np.array_equal(cells, expected):
             self.ctx.cells[res.seq] = []
             res.tokens, res.bounds = [], []
             return False
