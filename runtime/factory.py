@@ -208,9 +208,14 @@ def build_runtime(
     )
 
 
-def open_fake_runtime(settings: Settings, options: FakeOptions | None = None) -> LocalRuntime:
+def open_fake_runtime(
+    settings: Settings,
+    options: FakeOptions | None = None,
+    runtime_class: type[LocalRuntime] = LocalRuntime,
+) -> LocalRuntime:
     """The same runtime over the fake engine (runtime/engine/_fake.py): no model file,
-    no probe, no calibration; the settings' thresholds or fixed defaults."""
+    no probe, no calibration; the settings' thresholds or fixed defaults.
+    ``runtime_class``: a subclass of LocalRuntime (tests that watch or break one)."""
     options = options or FakeOptions()
     tuning = fixed_tuning(settings, FAKE_GEOMETRY)
     if options.n_ctx is not None:
@@ -218,7 +223,7 @@ def open_fake_runtime(settings: Settings, options: FakeOptions | None = None) ->
         tuning = dataclasses.replace(tuning, n_ctx=options.n_ctx, reasons=reasons)
     engine = FakeEngine(tuning.n_ctx, tuning.resident_sequences, options)
     embeddings = FakeEmbedder(options, tuning.n_ctx)
-    return LocalRuntime(settings, engine, embeddings, tuning, model_id=options.model_id)
+    return runtime_class(settings, engine, embeddings, tuning, model_id=options.model_id)
 
 
 # What warmstart keeps in the data dir and in a cache dir (see docs/security.md)

@@ -94,11 +94,15 @@ def fake_settings(data_dir: Path, **overrides: object):  # type: ignore[no-untyp
     return load_settings(**values)
 
 
-def fake_runtime(data_dir: Path, options: object = None, **overrides: object):  # type: ignore[no-untyped-def]
-    """``LocalRuntime`` over the fake engine (runtime/engine/_fake.py)."""
+def fake_runtime(  # type: ignore[no-untyped-def]
+    data_dir: Path, options: object = None, runtime_class: object = None, **overrides: object
+):
+    """``LocalRuntime`` (or ``runtime_class``) over the fake engine (runtime/engine/_fake.py)."""
+    from warmstart.runtime.core import LocalRuntime
     from warmstart.runtime.factory import open_fake_runtime
 
-    return open_fake_runtime(fake_settings(data_dir, **overrides), options)  # type: ignore[arg-type]
+    settings = fake_settings(data_dir, **overrides)
+    return open_fake_runtime(settings, options, runtime_class or LocalRuntime)  # type: ignore[arg-type]
 
 
 def seed_extra_buffer_verdicts(data_dir: Path) -> None:

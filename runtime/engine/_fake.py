@@ -56,7 +56,6 @@ _VOCABULARY = (
 WORDS = tuple(_VOCABULARY.split())
 END, OPENER = " <|end|>", "<|assistant|>"
 ROLES = frozenset(f"<|{role}|>" for role in ("system", "user", "assistant", "tool"))
-VOCAB_SIZE = 1 << 20  # ids a client may name (logit_bias, /tokenize's pieces)
 _SCRIPTS_KEPT = 1024  # replies remembered by prompt (the prompts in flight, and more)
 
 
@@ -102,7 +101,6 @@ class FakeVocabulary:
     """Words as tokens, numbered as they are met (any thread: one lock)."""
 
     n_swa = 0  # a full cache: any chunk can be cut at any time
-    n_vocab = VOCAB_SIZE  # the ids not met yet are empty pieces
 
     def __init__(self) -> None:
         self._words: list[str] = []
@@ -111,7 +109,8 @@ class FakeVocabulary:
         self.end = self.ids([END])[0]
 
     @property
-    def n_met(self) -> int:
+    def n_vocab(self) -> int:
+        """The words met so far: the ids a client may name (logit_bias, pieces)."""
         return len(self._words)
 
     def ids(self, words: Sequence[str]) -> list[int]:
@@ -241,10 +240,9 @@ class FakeEngine(Residents):
         """A logit bias must name a token met so far; a grammar must be within the
         limits every grammar is held to (the fake cannot follow one)."""
         for token, _ in sampling.logit_bias:
-            if not 0 <= token < VOCAB_SIZE:
-                message = (
-                    f"logit_bias: token id {token} is not in the vocabulary (0 to {VOCAB_SIZE - 1})"
-                )
+            if not 0 <= token < self.model.n_vocab:
+                last = self.model.n_vocab - 1
+                message = f"logit_bias: token id {token} is not in the vocabulary (0 to {last})"
                 raise RequestError(message, param="logit_bias")
         if sampling.grammar is not None:
             check_grammar_text(sampling.grammar, None)
@@ -292,7 +290,7 @@ class FakeEngine(Residents):
             script = self._scripts.get(tuple(res.tokens[:start]), [])
         k = len(res.tokens) - start
         token = script[k] if k < len(script) else self.model.end
-        logits = np.full(max(self.model.n_met, token + 1), -10.0, dtype=np.float32)
+        logits = np.full(max(self.model.n_vocab, token + 1), -10.0, dtype=np.float32)
         logits[token] = 0.0
         self.ctx.last = logits
 
