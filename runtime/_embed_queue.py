@@ -1,6 +1,6 @@
 """Embedding requests are requests like any other: bounded, admitted, cancellable.
 
-Both runtimes (LocalRuntime and FakeRuntime) follow the same rules, written here once:
+LocalRuntime follows these rules, over either engine, written here once:
 
 - Limits, checked once the texts are tokenized and before any vector is computed
   (RequestError, param ``input``): at most MAX_EMBED_INPUTS texts, each non-empty and

@@ -146,7 +146,7 @@ class Job:
             leaf = self._keep(res, self.cuts[:-1])
             self.captured = True
             leaf = (yield from self._settle(res)) or leaf
-            self._save_session(leaf, len(res.tokens))
+            self._save_session(leaf, len(res.tokens), kept=True)
         finally:
             if sampler is not None:
                 sampler.close()
@@ -169,7 +169,7 @@ class Job:
         yield
         leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
         if leaf is not None:
-            self._save_session(leaf, len(res.tokens))
+            self._save_session(leaf, len(res.tokens), kept=True)
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
@@ -388,9 +388,15 @@ class Job:
         tokens = list(res.tokens)
         return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
 
-    def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
+    def _save_session(self, leaf: bytes | None, n_tokens: int, kept: bool = False) -> None:
+        """Saves the turn (before its Done); ``kept``: the chunks' key once they are
+        captured, which never brings back a session deleted since the Done."""
         book, sid = self.env.sessions, self.report.session_id
         if book is None or sid is None:
+            return
+        if kept:
+            fingerprint = self.env.engine.fingerprint if leaf is not None else None
+            book.keep_leaf(sid, n_tokens, fingerprint, leaf)
             return
         messages = self.history if self.history is not None else self.request.messages
         if self.reply_message is not None:

@@ -166,3 +166,16 @@ def test_close_is_idempotent_and_ends_pending_streams(tmp_path: Path) -> None:
     _, report = _text(stream)
     # the worker drains on close: the reply in progress ends as it would have
     assert report.finish_reason == "stop" and report.completion_tokens > 0
+
+
+def test_a_session_deleted_while_its_chunks_are_kept_stays_deleted(tmp_path: Path) -> None:
+    """The reply's re-prefill and capture run after its Done (slow here: 20 ms a
+    token); a delete in between is not undone when they save the chunks' key."""
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.02))
+    try:
+        _text(runtime.generate(Request(messages=(Message("user", "q"),), session_id="gone")))
+        assert runtime.delete_session("gone")
+        assert runtime.wait_idle(60)
+        assert runtime.session("gone") is None and not runtime.delete_session("gone")
+    finally:
+        runtime.close()
