@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ._embed_queue import check_texts, check_tokens
+from ._embed_queue import check_texts, check_tokens, embeddings_of
 from .engine._llama import LlamaEmbedder, LlamaModel
 from .models import ModelManager
 from .settings import Settings
@@ -114,8 +114,7 @@ class EmbeddingService:
     def result(
         self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
     ) -> Embeddings:
-        total = sum(len(t) for t in tokenized)
-        return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
+        return embeddings_of(self.model_id, tokenized, vectors)
 
     def close(self) -> None:
         """Frees the context (and the embedding model): no request may be running."""

@@ -82,15 +82,8 @@ def fake_settings(data_dir: Path, **overrides: object):  # type: ignore[no-untyp
     chunks, a small RAM pool, no memory watcher (the fake's figures are its own)."""
     from warmstart.runtime.settings import load_settings
 
-    values: dict[str, object] = dict(
-        data_dir=data_dir,
-        chunk_tokens=16,
-        swap_in_threshold_tokens=0,
-        ram_pool_bytes=16 << 20,
-        disk_budget_bytes=1 << 30,
-        memory_floor_bytes=0,
-    )
-    values.update(overrides)
+    small = dict(chunk_tokens=16, swap_in_threshold_tokens=0, ram_pool_bytes=16 << 20)
+    values = {"data_dir": data_dir, **small, "memory_floor_bytes": 0, **overrides}
     return load_settings(**values)
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._embed_queue import check_texts, check_tokens
+from .._embed_queue import check_texts, check_tokens, embeddings_of
 from ..errors import Cancelled, EngineError, RequestError
 from ..grammars import check_grammar_text
 from ..types import Embeddings, Message, Request, Sampling
@@ -183,7 +183,6 @@ class FakeEngine(Residents):
             collections.OrderedDict()
         )
         self._lock = threading.Lock()  # the scripts: written by any thread's prompt_ids
-        self._reply_at: dict[int, int] = {}  # seq -> where its reply starts
 
     def _cells(self) -> KvCells:
         return self.ctx
@@ -247,19 +246,6 @@ class FakeEngine(Residents):
         if sampling.grammar is not None:
             check_grammar_text(sampling.grammar, None)
 
-    def claim(
-        self,
-        ids: Sequence[int],
-        cuts: Sequence[int],
-        session: str | None,
-        share: bool,
-        stored: int = 0,
-    ) -> tuple[Resident, int]:
-        res, live = super().claim(ids, cuts, session, share, stored)
-        if live == len(ids):  # the same prompt again: its kept logits start the reply
-            self._reply_at[res.seq] = live
-        return res, live
-
     # computing ----------------------------------------------------------------------------
     def prefill(
         self, res: Resident, tokens: Sequence[int], want_logits: bool, ends: Sequence[int] = ()
@@ -270,8 +256,7 @@ class FakeEngine(Residents):
             return False  # a request arrived for the worker: nothing of it is kept
         self._append(res, tokens, ends)
         if want_logits:
-            self._reply_at[res.seq] = len(res.tokens)
-            self._decoded(res)
+            self._decoded(res, len(res.tokens))
         return True
 
     def _append(self, res: Resident, tokens: Sequence[int], ends: Sequence[int]) -> None:
@@ -283,9 +268,9 @@ class FakeEngine(Residents):
         res.tokens.extend(tokens)
         res.bounds.extend(ends or (len(res.tokens),))
 
-    def _decoded(self, res: Resident) -> None:
-        """The next-token logits after ``res``'s tokens: its reply's next word first."""
-        start = self._reply_at.get(res.seq, len(res.tokens))
+    def _decoded(self, res: Resident, start: int) -> None:
+        """The next-token logits after ``res``'s tokens, a reply to ``res.tokens[:start]``
+        so far: its next word first."""
         with self._lock:
             script = self._scripts.get(tuple(res.tokens[:start]), [])
         k = len(res.tokens) - start
@@ -307,7 +292,8 @@ class FakeEngine(Residents):
     def step(self, res: Resident, token: int) -> None:
         time.sleep(self.options.token_delay)
         self._append(res, (token,), ())
-        self._decoded(res)
+        # the reply started where the prompt's logits were kept (see keep_logits)
+        self._decoded(res, res.logits_at if res.logits is not None else len(res.tokens) - 1)
 
     def sampler(self, sampling: Sampling) -> FakeSampler:
         return FakeSampler()
@@ -380,8 +366,7 @@ class FakeEmbedder:
     def result(
         self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
     ) -> Embeddings:
-        total = sum(len(t) for t in tokenized)
-        return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
+        return embeddings_of(self.model_id, tokenized, vectors)
 
     def close(self) -> None:
         """Nothing to free."""
