@@ -1,8 +1,8 @@
 """warmstart's runtime: a local model that never prefills the same prefix twice.
 
-The public surface is what ``__all__`` names. ``open_runtime`` (the real model) is
-imported on first use, so the light parts (types, settings, the fake) load without
-llama.cpp.
+The public surface is what ``__all__`` names. ``open_runtime`` (the real model) and
+``open_fake_runtime`` (the same runtime over a fake engine, no model file) are
+imported on first use, so the light parts (types, settings) load without llama.cpp.
 """
 
 from typing import Any
@@ -48,7 +48,7 @@ __all__ = [
     "DiskFull",
     "Done",
     "EngineError",
-    "FakeRuntime",
+    "FakeOptions",
     "Message",
     "ModelError",
     "ModelNotFound",
@@ -67,10 +67,15 @@ __all__ = [
     "ToolCall",
     "WarmstartError",
     "load_settings",
+    "open_fake_runtime",
     "open_runtime",
 ]
 
-_LAZY = {"open_runtime": ".factory", "FakeRuntime": ".fake"}
+_LAZY = {
+    "open_runtime": ".factory",
+    "open_fake_runtime": ".factory",
+    "FakeOptions": ".engine._fake",
+}
 
 
 def __getattr__(name: str) -> Any:

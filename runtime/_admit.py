@@ -88,7 +88,8 @@ class Prompter(Protocol):
     """What admission needs from a model: its tool plan, its prompt, its own checks
     (the engine implements it; so does the fake runtime)."""
 
-    fingerprint: str
+    @property
+    def fingerprint(self) -> str: ...
 
     def tool_plan(self, request: Request) -> ToolPlan | None: ...
 

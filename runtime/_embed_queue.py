@@ -1,6 +1,6 @@
 """Embedding requests are requests like any other: bounded, admitted, cancellable.
 
-Both runtimes (LocalRuntime and FakeRuntime) follow the same rules, written here once:
+LocalRuntime follows these rules, over either engine, written here once:
 
 - Limits, checked once the texts are tokenized and before any vector is computed
   (RequestError, param ``input``): at most MAX_EMBED_INPUTS texts, each non-empty and
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import TypeVar
 
 from .errors import Busy, Cancelled, EngineError, RequestError
+from .types import Embeddings
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -156,3 +157,11 @@ class EmbeddingQueue:
 
     def _idle(self) -> bool:
         return self._running is None and not self._turns
+
+
+def embeddings_of(
+    model_id: str, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
+) -> Embeddings:
+    """The answer to an embedding request: its vectors and the tokens they read."""
+    total = sum(len(t) for t in tokenized)
+    return Embeddings(model=model_id, vectors=tuple(vectors), prompt_tokens=total)

@@ -16,8 +16,9 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
-from ._embed_queue import check_texts, check_tokens
+from ._embed_queue import check_texts, check_tokens, embeddings_of
 from .engine._llama import LlamaEmbedder, LlamaModel
 from .models import ModelManager
 from .settings import Settings
@@ -28,6 +29,25 @@ log = logging.getLogger(__name__)
 # Tokens one input may have. The context's KV costs a few megabytes on small models
 # (and ~256 MB on an 8B one); a longer input is refused (400), never cut silently.
 EMBED_CTX_TOKENS = 2048
+
+
+class Embedder(Protocol):
+    """What the runtime calls for embeddings: ``EmbeddingService`` on a model, or the
+    fake engine's bags of words (runtime/engine/_fake.py)."""
+
+    model_id: str
+
+    def prepare(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def vector(
+        self, tokens: list[int], stop: threading.Event | None = None
+    ) -> tuple[float, ...]: ...
+
+    def result(
+        self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
+    ) -> Embeddings: ...
+
+    def close(self) -> None: ...
 
 
 class EmbeddingService:
@@ -94,8 +114,7 @@ class EmbeddingService:
     def result(
         self, tokenized: Sequence[list[int]], vectors: Sequence[tuple[float, ...]]
     ) -> Embeddings:
-        total = sum(len(t) for t in tokenized)
-        return Embeddings(model=self.model_id, vectors=tuple(vectors), prompt_tokens=total)
+        return embeddings_of(self.model_id, tokenized, vectors)
 
     def close(self) -> None:
         """Frees the context (and the embedding model): no request may be running."""

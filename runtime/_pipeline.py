@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .engine._engine import Engine, Resident, reusable
-from .engine._sampling import Sampler, token_logprob
+from .engine._protocol import Engine, TokenSampler
+from .engine._residents import Resident, reusable
+from .engine._sampling import token_logprob
 from .engine._text import TextAssembler
 from .errors import EngineError, WarmstartError
 from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, decode_groups
@@ -148,7 +149,7 @@ class Job:
             leaf = self._keep(res, self.cuts[:-1])
             self.captured = True
             leaf = (yield from self._settle(res)) or leaf
-            self._save_session(leaf, len(res.tokens))
+            self._save_session(leaf, len(res.tokens), kept=True)
         finally:
             if sampler is not None:
                 sampler.close()
@@ -171,7 +172,7 @@ class Job:
         yield
         leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
         if leaf is not None:
-            self._save_session(leaf, len(res.tokens))
+            self._save_session(leaf, len(res.tokens), kept=True)
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
@@ -279,7 +280,7 @@ class Job:
             self.reply_message = self.tools.parse(self.reply)
 
     def _sample(
-        self, sampler: Sampler, kept: np.ndarray | None = None
+        self, sampler: TokenSampler, kept: np.ndarray | None = None
     ) -> tuple[int, tuple[TokenLogprob, ...]]:
         """The next token, and its log-probability when the request asks for them
         (from the logits the sampler drew from: it leaves them unchanged)."""
@@ -364,9 +365,15 @@ class Job:
         tokens = list(res.tokens)
         return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
 
-    def _save_session(self, leaf: bytes | None, n_tokens: int) -> None:
+    def _save_session(self, leaf: bytes | None, n_tokens: int, kept: bool = False) -> None:
+        """Saves the turn (before its Done); ``kept``: the chunks' key once they are
+        captured, which never brings back a session deleted since the Done."""
         book, sid = self.env.sessions, self.admitted.session_id
         if book is None or sid is None:
+            return
+        if kept:
+            fingerprint = self.env.engine.fingerprint if leaf is not None else None
+            book.keep_leaf(sid, n_tokens, fingerprint, leaf)
             return
         history = self.admitted.history
         messages = history if history is not None else self.request.messages

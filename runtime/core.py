@@ -24,10 +24,8 @@ import numpy as np
 
 from ._admit import Admitted, admit
 from ._embed_queue import EmbeddingQueue
-from ._embeddings import EmbeddingService
+from ._embeddings import Embedder
 from ._pipeline import Env, Job
-from .engine._engine import Engine, EngineConfig
-from .engine._kvblob import CacheLayout
 from .engine._llama import LlamaModel
 from .engine._loader import (
     AS_SET,
@@ -36,6 +34,7 @@ from .engine._loader import (
     choose_loader,
     gpu_offload_supported,
 )
+from .engine._protocol import Engine
 from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
 from .errors import Busy, DiskUnavailable, EngineError, RequestError
 from .kvstore._disk import DiskTier, reset_directory
@@ -44,7 +43,7 @@ from .kvstore._pool import RamPool
 from .kvstore._pressure import MemoryWatcher
 from .kvstore._store import TieredStore
 from .models import DigestCache, ModelManager
-from .policy import ModelGeometry, Rates, Tuning, fixed_tuning
+from .policy import ModelGeometry, Rates, Tuning
 from .sessions import SessionBook, check_session_id
 from .settings import Settings
 from .streams import QueueStream
@@ -126,38 +125,24 @@ class LocalRuntime:
     def __init__(
         self,
         settings: Settings,
-        model: LoadedModel | None = None,
-        tuning: Tuning | None = None,
+        engine: Engine,
+        embeddings: Embedder,
+        tuning: Tuning,
         rates: Rates | None = None,
-        kv_layout: tuple[CacheLayout, ...] | None = None,
+        *,
+        model_id: str,
+        loader: LoaderChoice = AS_SET,
     ) -> None:
-        """``model``, ``tuning``, ``rates`` and ``kv_layout`` come from the factory
-        (probe, calibration, policy); left out, the model is loaded here, fixed
-        defaults are used and the engine measures its KV layout."""
+        """The runtime over a built ``engine`` (llama.cpp's or the fake): the factory
+        (runtime/factory.py) loads the model, probes, calibrates and chooses ``tuning``;
+        this opens the store and the sessions and starts the worker."""
         self.settings = settings
-        loaded = model or load_model(settings)
-        self.loader = loaded.loader
-        path = loaded.path
-        self.geometry = geometry_of(loaded.model, settings.type_kv)
-        self.tuning = tuning or fixed_tuning(settings, self.geometry)
+        self.loader = loader
+        self.tuning = tuning
         self.rates = rates or DEFAULT_RATES
-        self.engine = Engine(
-            EngineConfig(
-                model_path=path,
-                model_digest=loaded.digest,
-                n_ctx=self.tuning.n_ctx,
-                resident_sequences=self.tuning.resident_sequences,
-                n_threads=settings.n_threads or 0,
-                decode_threads=settings.decode_threads or 0,
-                n_gpu_layers=loaded.model.n_gpu_layers,
-                flash_attn=settings.flash_attn,
-                type_kv=settings.type_kv,
-                kv_layout=kv_layout,
-            ),
-            model=loaded.model,
-        )
-        self.model_id = path.stem if settings.model not in ("default",) else "default"
-        self.embeddings = EmbeddingService.for_settings(settings, loaded.model, self.model_id)
+        self.engine = engine
+        self.model_id = model_id
+        self.embeddings = embeddings
         self.embedding_model_id = self.embeddings.model_id
         self.n_ctx = self.tuning.n_ctx
         self.store = self._open_store()

@@ -14,23 +14,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._embeddings import EmbeddingService
 from ._private import private_tree
 from .catalogue import load_catalogue
 from .core import LoadedModel, LocalRuntime, geometry_of, load_model
 from .doctor import ProgressLine, doctor_report, render_doctor
 from .engine._build import llama_build_info
-from .engine._engine import Engine, EngineConfig, fingerprint_of
+from .engine._engine import EngineConfig, LlamaEngine, fingerprint_of
+from .engine._fake import CELL_BYTES, FakeEmbedder, FakeEngine, FakeOptions
 from .engine._kvblob import CacheLayout
 from .engine._llama import on_own_thread
 from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
 from .installed import model_name
 from .kvstore._disk import directory_problem
-from .policy import Tuning, choose, rates_from
+from .policy import ModelGeometry, Rates, Tuning, choose, fixed_tuning, rates_from
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 CALIBRATION_CTX = 4096  # tokens: enough for the longest calibration prefill
+# the fake engine's "model": a small one, with a full (chunkable) cache
+FAKE_GEOMETRY = ModelGeometry(
+    n_ctx_train=2048,
+    n_layer=1,
+    kv_bytes_per_token=CELL_BYTES,
+    model_bytes=0,
+    swa=False,
+    recurrent=False,
+)
 
 
 def layout_to_json(caches: tuple[CacheLayout, ...]) -> tuple[dict[str, Any], ...]:
@@ -64,25 +75,14 @@ class _CalibrationTarget:
         )
         self.kv_bytes_per_token = loaded.model.kv_bytes_per_token_estimate(settings.type_kv)
         self.kv_layout: tuple[dict[str, Any], ...] | None = None
-        self._engine: Engine | None = None
+        self._engine: LlamaEngine | None = None
 
-    def _get(self) -> Engine:
+    def _get(self) -> LlamaEngine:
         if self._engine is None:
-            s = self._settings
-            self._engine = Engine(
-                EngineConfig(
-                    model_path=self._loaded.path,
-                    model_digest=self._loaded.digest,
-                    n_ctx=CALIBRATION_CTX,
-                    resident_sequences=1,
-                    n_threads=s.n_threads or 0,
-                    decode_threads=s.decode_threads or 0,
-                    n_gpu_layers=s.n_gpu_layers,
-                    flash_attn=s.flash_attn,
-                    type_kv=s.type_kv,
-                ),
-                model=self._loaded.model,
+            config = engine_config(
+                self._settings, self._loaded, CALIBRATION_CTX, 1, self._settings.n_gpu_layers
             )
+            self._engine = LlamaEngine(config, model=self._loaded.model)
             self.kv_bytes_per_token = self._engine.kv_bytes_per_token
             if self._engine.chunkable:
                 self.kv_layout = layout_to_json(self._engine.layout.caches)
@@ -149,10 +149,81 @@ def open_runtime(
     rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
     kept = chosen.calibration.kv_layout
     layout = layout_from_json(kept) if kept is not None else None
-    rt = LocalRuntime(settings, loaded, chosen.tuning, rates, layout)
+    rt = build_runtime(settings, loaded, chosen.tuning, rates, layout)
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
+
+
+def engine_config(
+    settings: Settings,
+    loaded: LoadedModel,
+    n_ctx: int,
+    resident_sequences: int,
+    n_gpu_layers: int,
+    kv_layout: tuple[CacheLayout, ...] | None = None,
+) -> EngineConfig:
+    """The llama.cpp engine's configuration: the runtime's and the calibration's."""
+    s = settings
+    return EngineConfig(
+        model_path=loaded.path,
+        model_digest=loaded.digest,
+        n_ctx=n_ctx,
+        resident_sequences=resident_sequences,
+        n_threads=s.n_threads or 0,
+        decode_threads=s.decode_threads or 0,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=s.flash_attn,
+        type_kv=s.type_kv,
+        kv_layout=kv_layout,
+    )
+
+
+def build_runtime(
+    settings: Settings,
+    loaded: LoadedModel | None = None,
+    tuning: Tuning | None = None,
+    rates: Rates | None = None,
+    kv_layout: tuple[CacheLayout, ...] | None = None,
+) -> LocalRuntime:
+    """The runtime on the llama.cpp engine. ``loaded``, ``tuning``, ``rates`` and
+    ``kv_layout`` come from :func:`open_runtime` (probe, calibration, policy); left
+    out (tests, tools), the model is loaded here, fixed defaults are used and the
+    engine measures its KV layout."""
+    loaded = loaded or load_model(settings)
+    tuning = tuning or fixed_tuning(settings, geometry_of(loaded.model, settings.type_kv))
+    config = engine_config(
+        settings,
+        loaded,
+        tuning.n_ctx,
+        tuning.resident_sequences,
+        loaded.model.n_gpu_layers,
+        kv_layout,
+    )
+    engine = LlamaEngine(config, model=loaded.model)
+    model_id = loaded.path.stem if settings.model != "default" else "default"
+    embeddings = EmbeddingService.for_settings(settings, loaded.model, model_id)
+    return LocalRuntime(
+        settings, engine, embeddings, tuning, rates, model_id=model_id, loader=loaded.loader
+    )
+
+
+def open_fake_runtime(
+    settings: Settings,
+    options: FakeOptions | None = None,
+    runtime_class: type[LocalRuntime] = LocalRuntime,
+) -> LocalRuntime:
+    """The same runtime over the fake engine (runtime/engine/_fake.py): no model file,
+    no probe, no calibration; the settings' thresholds or fixed defaults.
+    ``runtime_class``: a subclass of LocalRuntime (tests that watch or break one)."""
+    options = options or FakeOptions()
+    tuning = fixed_tuning(settings, FAKE_GEOMETRY)
+    if options.n_ctx is not None:
+        reasons = {**tuning.reasons, "n_ctx": "the fake engine's option"}
+        tuning = dataclasses.replace(tuning, n_ctx=options.n_ctx, reasons=reasons)
+    engine = FakeEngine(tuning.n_ctx, tuning.resident_sequences, options)
+    embeddings = FakeEmbedder(options, tuning.n_ctx)
+    return runtime_class(settings, engine, embeddings, tuning, model_id=options.model_id)
 
 
 # What warmstart keeps in the data dir and in a cache dir (see docs/security.md)

@@ -1,7 +1,7 @@
 """The runtime's seam: what the CLI, the HTTP API and the tests call.
 
-``LocalRuntime`` (runtime/core.py) implements it on a real model; ``FakeRuntime``
-(runtime/fake.py) implements it without one, so the layers above run in tests
+``LocalRuntime`` (runtime/core.py) implements it, over the llama.cpp engine or over
+the fake engine (runtime/engine/_fake.py, no model), so the layers above run in tests
 without a model. Both pass the same contract tests (tests/test_service_contract.py).
 """
 

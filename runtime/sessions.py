@@ -255,6 +255,19 @@ class SessionBook:
                 ),
             )
 
+    def keep_leaf(
+        self, session_id: str, n_tokens: int, fingerprint: str | None, leaf: bytes | None
+    ) -> bool:
+        """Updates a session's cache key once its chunks are kept (after the reply). A
+        session deleted meanwhile stays deleted: False, nothing written."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE sessions SET updated = ?, n_tokens = ?, "
+                "fingerprint = COALESCE(?, fingerprint), leaf = COALESCE(?, leaf) WHERE id = ?",
+                (time.time(), n_tokens, fingerprint, leaf, session_id),
+            )
+            return cur.rowcount > 0
+
     def _title(self, messages: tuple[Message, ...]) -> str:
         return title_of(messages) if self.keep_text else ""
 

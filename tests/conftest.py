@@ -77,6 +77,27 @@ def small_settings(data_dir: Path, model: Path, **overrides: object):  # type: i
     return load_settings(**values)
 
 
+def fake_settings(data_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    """Settings for the real runtime over the fake engine: short prompts span several
+    chunks, a small RAM pool, no memory watcher (the fake's figures are its own)."""
+    from warmstart.runtime.settings import load_settings
+
+    small = dict(chunk_tokens=16, swap_in_threshold_tokens=0, ram_pool_bytes=16 << 20)
+    values = {"data_dir": data_dir, **small, "memory_floor_bytes": 0, **overrides}
+    return load_settings(**values)
+
+
+def fake_runtime(  # type: ignore[no-untyped-def]
+    data_dir: Path, options: object = None, runtime_class: object = None, **overrides: object
+):
+    """``LocalRuntime`` (or ``runtime_class``) over the fake engine (runtime/engine/_fake.py)."""
+    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import open_fake_runtime
+
+    settings = fake_settings(data_dir, **overrides)
+    return open_fake_runtime(settings, options, runtime_class or LocalRuntime)  # type: ignore[arg-type]
+
+
 def seed_extra_buffer_verdicts(data_dir: Path) -> None:
     target = data_dir / "extra_buffers.json"
     if SHARED_VERDICTS.is_file() and not target.exists():
@@ -87,11 +108,12 @@ def seed_extra_buffer_verdicts(data_dir: Path) -> None:
 @pytest.fixture
 def make_runtime(tmp_path: Path, model_path: Path) -> Iterator:  # type: ignore[type-arg]
     from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
     opened: list[LocalRuntime] = []
 
     def make(data_dir: Path | None = None, **overrides: object) -> LocalRuntime:
-        rt = LocalRuntime(small_settings(data_dir or tmp_path, model_path, **overrides))
+        rt = build_runtime(small_settings(data_dir or tmp_path, model_path, **overrides))
         opened.append(rt)
         return rt
 

@@ -1,23 +1,30 @@
-"""Admission's rules (runtime/_admit.py), without a model: over the fake runtime,
-which admits as the real one does."""
+"""Admission's rules (runtime/_admit.py), without a model: the real runtime over the
+fake engine, which admits as it does over llama.cpp."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from warmstart.runtime._admit import check_fits, check_request
 from warmstart.runtime.errors import ContextOverflow, RequestError
-from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
+
+from tests.conftest import fake_runtime
 
 HELLO = (Message("user", "hello"),)
 
 
+FAST = FakeOptions(n_ctx=64, prefill_delay=0.0)
+
+
 @pytest.fixture
-def fake() -> Iterator[FakeRuntime]:
-    runtime = FakeRuntime(n_ctx=64, prefill_delay=0.0)
+def fake(tmp_path: Path) -> Iterator[LocalRuntime]:
+    runtime = fake_runtime(tmp_path, FAST)
     yield runtime
     runtime.close()
 
@@ -49,7 +56,7 @@ def test_the_overflow_rule_is_the_prompt_alone() -> None:
         check_fits(64, 1, 64)
 
 
-def test_a_reply_that_runs_past_the_context_stops_there(fake: FakeRuntime) -> None:
+def test_a_reply_that_runs_past_the_context_stops_there(fake: LocalRuntime) -> None:
     words = " ".join(["word"] * 50)
     admitted = fake.admit(
         Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=8))
@@ -61,7 +68,9 @@ def test_a_reply_that_runs_past_the_context_stops_there(fake: FakeRuntime) -> No
     assert done.report.completion_tokens <= 64 - len(admitted.ids)
 
 
-def test_trim_keeps_the_system_prompt_and_the_last_turns(fake: FakeRuntime) -> None:
+def test_trim_keeps_the_system_prompt_and_the_last_turns(
+    fake: LocalRuntime, tmp_path: Path
+) -> None:
     long = " ".join(["word"] * 20)
     turns = [Message("system", "be brief")]
     for i in range(4):
@@ -72,7 +81,7 @@ def test_trim_keeps_the_system_prompt_and_the_last_turns(fake: FakeRuntime) -> N
     kept = admitted.request.messages
     assert kept[0] == turns[0] and kept[-1] == turns[-1] and kept[1].role == "user"
     assert len(admitted.ids) <= 64 - 8
-    error_only = FakeRuntime(n_ctx=64, overflow="error")
+    error_only = fake_runtime(tmp_path / "error", FAST, overflow="error")
     try:
         with pytest.raises(ContextOverflow):
             error_only.admit(replace(admitted.request, messages=tuple(turns)))

@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from warmstart.runtime import _sqlite
-from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.sessions import MIGRATIONS, SessionBook, derived_session_id
 from warmstart.runtime.types import Message, Request
+
+from tests.conftest import fake_runtime
 
 HI = (Message("user", "Hi"),)
 
@@ -53,8 +55,8 @@ def test_rows_from_before_are_sorted_out_by_their_ids(tmp_path: Path) -> None:
         book.close()
 
 
-def test_the_fake_runtime_keeps_the_same_rule() -> None:
-    rt = FakeRuntime(prefill_delay=0.0)
+def test_the_runtime_keeps_the_same_rule(tmp_path: Path) -> None:
+    rt = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
     try:
         rt.generate(Request(messages=HI)).text()
         rt.generate(Request(messages=(Message("user", "Plan a trip"),), session_id="trip")).text()

@@ -1,16 +1,20 @@
 """`/resume` in `warmstart chat`: an unknown id is an error that keeps the conversation
-under way; a unique prefix of an id resumes that conversation (no model: the fake
-runtime keeps the same session rules)."""
+under way; a unique prefix of an id resumes that conversation (no model: the runtime
+over the fake engine)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from warmstart.runtime.chat import ChatLoop
-from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.types import Done, Message, Request
+
+from tests.conftest import fake_runtime
 
 
 def _reply(stream: Any) -> Any:
@@ -18,15 +22,15 @@ def _reply(stream: Any) -> Any:
 
 
 @pytest.fixture
-def rt() -> Iterator[FakeRuntime]:
-    runtime = FakeRuntime(prefill_delay=0.0)
+def rt(tmp_path: Path) -> Iterator[LocalRuntime]:
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
     for sid, text in (("4ecb1d2e3f40", "Plan a trip to Rome."), ("4e77aa001122", "Hi")):
         runtime.generate(Request(messages=(Message("user", text),), session_id=sid)).text()
     yield runtime
     runtime.close()
 
 
-def _loop(rt: FakeRuntime, *lines: str, session: str | None = None) -> ChatLoop:
+def _loop(rt: LocalRuntime, *lines: str, session: str | None = None) -> ChatLoop:
     typed = iter(lines)
 
     def read(_prompt: str) -> str:
@@ -39,7 +43,7 @@ def _loop(rt: FakeRuntime, *lines: str, session: str | None = None) -> ChatLoop:
 
 
 def test_an_unknown_id_is_an_error_and_the_conversation_goes_on(
-    rt: FakeRuntime, capsys: pytest.CaptureFixture[str]
+    rt: LocalRuntime, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loop = _loop(rt, "First words.", "/resume nope", "Second words.")
     started = loop.session_id
@@ -56,7 +60,7 @@ def test_an_unknown_id_is_an_error_and_the_conversation_goes_on(
 
 
 def test_a_unique_prefix_resumes_and_an_ambiguous_one_says_which(
-    rt: FakeRuntime, capsys: pytest.CaptureFixture[str]
+    rt: LocalRuntime, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loop = _loop(rt, "/resume 4e", "/resume 4ecb")
     loop.run()
@@ -69,7 +73,7 @@ def test_a_unique_prefix_resumes_and_an_ambiguous_one_says_which(
 
 
 def test_a_new_session_name_still_starts_a_conversation(
-    rt: FakeRuntime, capsys: pytest.CaptureFixture[str]
+    rt: LocalRuntime, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loop = _loop(rt, session="holiday")
     assert loop.session_id == "holiday" and not loop.messages

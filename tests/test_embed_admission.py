@@ -23,16 +23,19 @@ LONG = ["word " * 100] * 400
 @pytest.fixture(params=["fake", "local"])
 def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
     if request.param == "fake":
-        from warmstart.runtime.fake import FakeRuntime
+        from warmstart.runtime.engine._fake import FakeOptions
 
-        rt: Runtime = FakeRuntime(n_ctx=512, max_queue=1, prefill_delay=1e-3)
+        from tests.conftest import fake_runtime
+
+        options = FakeOptions(prefill_delay=1e-3)
+        rt: Runtime = fake_runtime(tmp_path, options, n_ctx=512, max_queue=1)
     else:
-        from warmstart.runtime.core import LocalRuntime
+        from warmstart.runtime.factory import build_runtime
 
         from tests.conftest import small_settings
 
         model = request.getfixturevalue("model_path")
-        rt = LocalRuntime(small_settings(tmp_path, model, n_ctx=512, max_queue=1))
+        rt = build_runtime(small_settings(tmp_path, model, n_ctx=512, max_queue=1))
     yield rt
     rt.close()
 

@@ -1,16 +1,21 @@
-"""FakeRuntime: the Runtime contract without a model."""
+"""LocalRuntime over the fake engine: the Runtime contract without a model (the real
+queue, sessions, store, stats and rules; deterministic text)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import Busy, ContextOverflow, RequestError
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.service import Runtime
 from warmstart.runtime.streams import QueueStream
 from warmstart.runtime.types import Done, Message, Report, Request, Sampling, Stream, Token
+
+from tests.conftest import fake_runtime
 
 
 def _text(stream: Stream) -> tuple[str, Report]:
@@ -23,31 +28,31 @@ def _chat(text: str, **sampling: object) -> Request:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeRuntime]:
-    runtime = FakeRuntime(prefill_delay=0.0)
+def fake(tmp_path: Path) -> Iterator[LocalRuntime]:
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
     yield runtime
     runtime.close()
 
 
-def test_is_a_runtime(fake: FakeRuntime) -> None:
+def test_is_a_runtime(fake: LocalRuntime) -> None:
     assert isinstance(fake, Runtime)
 
 
-def test_greedy_reply_is_a_function_of_the_last_user_message(fake: FakeRuntime) -> None:
+def test_greedy_reply_is_a_function_of_the_last_user_message(fake: LocalRuntime) -> None:
     a, _ = _text(fake.generate(_chat("hello")))
     b, _ = _text(fake.generate(_chat("hello")))
     c, _ = _text(fake.generate(_chat("goodbye")))
     assert a == b != c
 
 
-def test_seeded_sampling_is_reproducible(fake: FakeRuntime) -> None:
+def test_seeded_sampling_is_reproducible(fake: LocalRuntime) -> None:
     runs = {_text(fake.generate(_chat("x", temperature=1.0, seed=3)))[0] for _ in range(3)}
     assert len(runs) == 1
     others = {_text(fake.generate(_chat("x", temperature=1.0, seed=s)))[0] for s in range(6)}
     assert len(others) > 1
 
 
-def test_stream_yields_tokens_then_one_done(fake: FakeRuntime) -> None:
+def test_stream_yields_tokens_then_one_done(fake: LocalRuntime) -> None:
     events = list(fake.generate(_chat("hi")))
     assert all(isinstance(e, Token) for e in events[:-1]) and isinstance(events[-1], Done)
     report = events[-1].report
@@ -55,7 +60,7 @@ def test_stream_yields_tokens_then_one_done(fake: FakeRuntime) -> None:
     assert report.prompt_tokens == fake.count_tokens(_chat("hi"))
 
 
-def test_max_tokens_and_stop(fake: FakeRuntime) -> None:
+def test_max_tokens_and_stop(fake: LocalRuntime) -> None:
     _, report = _text(fake.generate(_chat("long", max_tokens=2)))
     assert (report.completion_tokens, report.finish_reason) == (2, "length")
     full, _ = _text(fake.generate(_chat("long")))
@@ -64,14 +69,14 @@ def test_max_tokens_and_stop(fake: FakeRuntime) -> None:
     assert stop not in cut and report.finish_reason == "stop"
 
 
-def test_repeat_restores_from_live(fake: FakeRuntime) -> None:
+def test_repeat_restores_from_live(fake: LocalRuntime) -> None:
     _, first = _text(fake.generate(_chat("same question")))
     _, second = _text(fake.generate(_chat("same question")))
     assert first.cached_tokens == 0
     assert second.restored["live"] == second.prompt_tokens
 
 
-def test_validation_errors(fake: FakeRuntime) -> None:
+def test_validation_errors(fake: LocalRuntime) -> None:
     with pytest.raises(RequestError):
         fake.generate(Request())
     with pytest.raises(RequestError):
@@ -80,8 +85,9 @@ def test_validation_errors(fake: FakeRuntime) -> None:
         fake.generate(_chat("word " * 5000))
 
 
-def test_busy_when_the_queue_is_full() -> None:
-    runtime = FakeRuntime(max_queue=1, slots=1, token_delay=0.05)
+def test_busy_when_the_queue_is_full(tmp_path: Path) -> None:
+    options = FakeOptions(token_delay=0.05)
+    runtime = fake_runtime(tmp_path, options, max_queue=1, resident_sequences=1)
     try:
         first = runtime.generate(_chat("a"))
         streams = [first]
@@ -96,8 +102,8 @@ def test_busy_when_the_queue_is_full() -> None:
         runtime.close()
 
 
-def test_cancel_ends_with_cancelled(fake: FakeRuntime) -> None:
-    slow = FakeRuntime(token_delay=0.05)
+def test_cancel_ends_with_cancelled(tmp_path: Path) -> None:
+    slow = fake_runtime(tmp_path, FakeOptions(token_delay=0.05))
     try:
         stream = slow.generate(_chat("cancel me"))
         iterator = iter(stream)
@@ -109,19 +115,24 @@ def test_cancel_ends_with_cancelled(fake: FakeRuntime) -> None:
         slow.close()
 
 
-def test_tiers_demote_and_prewarm_promotes() -> None:
-    runtime = FakeRuntime(slots=1, ram_sessions=1, disk_sessions=1, prefill_delay=0.0)
+def test_tiers_demote_and_prewarm_promotes(tmp_path: Path) -> None:
+    """One live sequence and a RAM pool of six chunks: older conversations leave the
+    context, then RAM, for the disk; prewarm brings one back to RAM, and its next
+    request restores from there."""
+    options = FakeOptions(prefill_delay=0.0)
+    runtime = fake_runtime(tmp_path, options, resident_sequences=1, ram_pool_bytes=24 << 10)
     try:
         for name in ("a", "b", "c", "d"):
             _text(runtime.generate(Request(messages=(Message("user", name),), session_id=name)))
-        where = {s.id: s.location for s in runtime.sessions()}
-        assert where == {"d": "live", "c": "ram", "b": "disk"}  # "a" was evicted
-        assert runtime.stats()["evictions"] == 1
-        assert runtime.prewarm("b") > 0
-        assert runtime.session("b").location == "ram"  # type: ignore[union-attr]
-        assert runtime.session("c").location == "disk"  # type: ignore[union-attr]
+            assert runtime.wait_idle(30)
+        tiers = {s.id: s.tiers for s in runtime.sessions()}
+        assert tiers["d"]["live"] > tiers["c"]["live"]  # the others share only "<|user|> :"
+        assert tiers["a"]["ram"] == 0 and tiers["a"]["disk"] > 0
+        assert runtime.stats()["evictions"] >= 3  # each one pushed the last out of the context
+        assert runtime.prewarm("a") > 0
+        assert runtime.session("a").tiers["ram"] > 0  # type: ignore[union-attr]
         assert runtime.prewarm("missing") == 0
-        _, report = _text(runtime.generate(_chat_in("b")))
+        _, report = _text(runtime.generate(_chat_in("a")))
         assert report.restored["ram"] > 0
     finally:
         runtime.close()
@@ -131,7 +142,7 @@ def _chat_in(session: str) -> Request:
     return Request(messages=(Message("user", session),), session_id=session)
 
 
-def test_sessions_and_delete(fake: FakeRuntime) -> None:
+def test_sessions_and_delete(fake: LocalRuntime) -> None:
     _text(fake.generate(Request(messages=(Message("user", "q"),), session_id="s1")))
     [info] = fake.sessions()
     assert info.id == "s1" and info.n_tokens > 0 and info.messages[-1].role == "assistant"
@@ -139,7 +150,7 @@ def test_sessions_and_delete(fake: FakeRuntime) -> None:
     assert fake.session("s1") is None
 
 
-def test_stats_and_settings_report(fake: FakeRuntime) -> None:
+def test_stats_and_settings_report(fake: LocalRuntime) -> None:
     _text(fake.generate(_chat("q")))
     stats = fake.stats()
     assert stats["requests"] == 1 and set(stats["tiers"]) == {"live", "ram", "disk"}
@@ -147,10 +158,24 @@ def test_stats_and_settings_report(fake: FakeRuntime) -> None:
     assert all({"value", "reason"} <= set(v) for v in report.values())
 
 
-def test_close_is_idempotent_and_ends_pending_streams() -> None:
-    runtime = FakeRuntime(slots=1, token_delay=0.05)
+def test_close_is_idempotent_and_ends_pending_streams(tmp_path: Path) -> None:
+    runtime = fake_runtime(tmp_path, FakeOptions(token_delay=0.05), resident_sequences=1)
     stream = runtime.generate(_chat("pending"))
     runtime.close()
     runtime.close()
     _, report = _text(stream)
-    assert report.finish_reason == "cancelled"
+    # the worker drains on close: the reply in progress ends as it would have
+    assert report.finish_reason == "stop" and report.completion_tokens > 0
+
+
+def test_a_session_deleted_while_its_chunks_are_kept_stays_deleted(tmp_path: Path) -> None:
+    """The reply's re-prefill and capture run after its Done (slow here: 20 ms a
+    token); a delete in between is not undone when they save the chunks' key."""
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.02))
+    try:
+        _text(runtime.generate(Request(messages=(Message("user", "q"),), session_id="gone")))
+        assert runtime.delete_session("gone")
+        assert runtime.wait_idle(60)
+        assert runtime.session("gone") is None and not runtime.delete_session("gone")
+    finally:
+        runtime.close()

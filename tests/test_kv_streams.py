@@ -92,10 +92,10 @@ def _ask(rt, request: Request) -> str:  # type: ignore[no-untyped-def]
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.factory import build_runtime
 from warmstart.runtime.types import Message
 from tests.conftest import chat, small_settings, SYSTEM
-rt = LocalRuntime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
+rt = build_runtime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
 turns = ["Name a large river in Europe.", "The Danube.", "Which countries does it cross?"]
 for i in range(2):
     rt.generate(chat(*turns[: 2 * i + 1], max_tokens=16)).text()
@@ -109,7 +109,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_greedy_replies_with_the_cache_equal_no_cache(  # type: ignore[no-untyped-def]
     make_runtime, tmp_path, model_path
 ) -> None:
-    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
     oracle = make_runtime(tmp_path / "oracle", no_cache=True)
     data = tmp_path / "cached"
@@ -147,7 +147,7 @@ def test_greedy_replies_with_the_cache_equal_no_cache(  # type: ignore[no-untype
     both(_turns("How many hinges are in item 3?", system=doc))  # from RAM
     # a return after a restart: everything from disk
     rt.close()
-    rt = LocalRuntime(small_settings(data, model_path))
+    rt = build_runtime(small_settings(data, model_path))
     try:
         for request in (
             asked[0],
@@ -168,7 +168,7 @@ def test_greedy_replies_with_the_cache_equal_no_cache(  # type: ignore[no-untype
     )
     assert proc.returncode == -9
     turns = ["Name a large river in Europe.", "The Danube.", "Which countries does it cross?"]
-    with LocalRuntime(small_settings(killed, model_path)) as again:
+    with build_runtime(small_settings(killed, model_path)) as again:
         for request in (_turns(turns[0]), _turns(*turns), _turns(*turns, "And its length?")):
             assert _ask(again, request) == _ask(oracle, request)
     assert len(asked) + 6 >= 20

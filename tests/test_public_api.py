@@ -14,7 +14,7 @@ def test_all_names_resolve_and_nothing_public_is_missing() -> None:
 
 def test_the_light_parts_load_without_llama_cpp() -> None:
     code = (
-        "import warmstart.runtime as runtime, sys; runtime.FakeRuntime; "
+        "import warmstart.runtime as runtime, sys; runtime.FakeOptions; "
         "assert 'llama_cpp' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

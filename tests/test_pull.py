@@ -50,11 +50,11 @@ def test_catalogue_pull_verifies_and_the_model_answers(
     assert file_sha256(path) == DEFAULT.sha256 and not list(path.parent.glob("*.part"))
     assert manager.pull("tiny") == path and len(hub.ranges) == 1  # kept: no second download
     assert [m["name"] for m in manager.list()] == ["tiny"]
-    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
     from tests.conftest import chat, small_settings
 
-    with LocalRuntime(small_settings(tmp_path / "data", path)) as rt:
+    with build_runtime(small_settings(tmp_path / "data", path)) as rt:
         assert rt.generate(chat("Say hi.", max_tokens=4)).text()[0].strip()
 
 

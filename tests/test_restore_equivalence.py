@@ -108,12 +108,12 @@ def test_greedy_replies_identical_with_and_without_cache(make_runtime) -> None: 
 def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> None:  # type: ignore[no-untyped-def]
     """Gemma 3 has sliding-window layers (n_swa 512). The prompt is longer than the
     window, where a truncated whole-sequence snapshot would load and be wrong."""
-    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
     from tests.conftest import small_settings
 
     settings = small_settings(tmp_path, gemma_path, chunk_tokens=128)
-    with LocalRuntime(settings) as rt:
+    with build_runtime(settings) as rt:
         assert rt.engine.swa_full and rt.engine.model.n_swa == 512
         long_q = (
             " ".join(
@@ -137,9 +137,9 @@ FRESH = """
 import sys
 from pathlib import Path
 import numpy as np
-from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.factory import build_runtime
 from tests.conftest import chat, small_settings
-rt = LocalRuntime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
+rt = build_runtime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
 logits, report = rt.prompt_logits(chat(sys.argv[3]))
 assert report.restored["disk"] == report.prompt_tokens - 2, report
 np.save(sys.argv[4], logits)

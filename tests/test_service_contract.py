@@ -1,5 +1,6 @@
-"""Every Runtime (runtime/service.py) keeps the same contract: the real one on the
-default model, and the fake that ships with the library for the layers above."""
+"""Every Runtime (runtime/service.py) keeps the same contract: LocalRuntime over the
+real model, and over the fake engine that ships with the library for the layers
+above (the same runtime: queue, sessions, store, stats and rules)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from warmstart.runtime.types import Done, Message, Request, Sampling, StoredResp
 @pytest.fixture(params=["fake", "local"])
 def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
     if request.param == "fake":
-        from warmstart.runtime.fake import FakeRuntime
+        from tests.conftest import fake_runtime
 
-        rt: Runtime = FakeRuntime(n_ctx=512)
+        rt: Runtime = fake_runtime(tmp_path, n_ctx=512)
     else:
-        from warmstart.runtime.core import LocalRuntime
+        from warmstart.runtime.factory import build_runtime
 
         from tests.conftest import small_settings
 
         model = request.getfixturevalue("model_path")
-        rt = LocalRuntime(small_settings(tmp_path, model, n_ctx=512))
+        rt = build_runtime(small_settings(tmp_path, model, n_ctx=512))
     yield rt
     rt.close()
     rt.close()  # idempotent

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime import bench
-from warmstart.runtime.engine._engine import Engine
+from warmstart.runtime.engine._engine import LlamaEngine
 from warmstart.runtime.factory import layout_from_json, layout_to_json
 
 from tests.conftest import chat, small_settings
@@ -27,10 +27,10 @@ def test_a_calibrated_start_measures_no_kv_layout(
         first, _ = rt.generate(question).text()
         rt.wait_idle()
 
-    def probe(_self: Engine) -> object:
+    def probe(_self: LlamaEngine) -> object:
         raise AssertionError("a calibrated start must not decode to measure the KV layout")
 
-    monkeypatch.setattr(Engine, "_measure_layout", probe)
+    monkeypatch.setattr(LlamaEngine, "_measure_layout", probe)
     with open_runtime(settings, prewarm=False) as rt:
         # the same layout, with this context's own stream count (calibration: 1 stream)
         assert rt.engine.layout == measured and rt.engine.layout.ident == measured.ident
@@ -43,9 +43,9 @@ def test_a_calibrated_start_measures_no_kv_layout(
 def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
     import json
 
-    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
-    with LocalRuntime(small_settings(tmp_path, model_path)) as rt:
+    with build_runtime(small_settings(tmp_path, model_path)) as rt:
         caches = rt.engine.layout.caches
     back = layout_from_json(json.loads(json.dumps(layout_to_json(caches))))
     assert back == caches and repr(back) == repr(caches)  # the ident hashes the repr

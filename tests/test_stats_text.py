@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from warmstart.runtime._stats_text import render_stats
-from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.types import Message, Request
 
+from tests.conftest import fake_runtime
 
-def test_a_servers_stats_read_as_a_table() -> None:
-    rt = FakeRuntime(prefill_delay=0.0)
+
+def test_a_servers_stats_read_as_a_table(tmp_path: Path) -> None:
+    rt = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
     try:
         for _ in range(2):
             rt.generate(Request(messages=(Message("user", "Hello"),), session_id="s")).text()

@@ -31,7 +31,7 @@ def installed_models(st: AppState) -> list[ModelEntry]:
     out = []
     for model in served_models(st):
         info = model.info
-        if info is None:  # a runtime without a model file (FakeRuntime)
+        if info is None:  # a runtime without a model file (the fake engine)
             out.append(ModelEntry(model.name, context_length=st.runtime.n_ctx, loaded=True))
             continue
         out.append(

@@ -16,15 +16,15 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..kvstore._keys import TAIL_TOKENS, common_prefix
+from ..kvstore._keys import TAIL_TOKENS
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
 from ._llama import (
@@ -36,12 +36,17 @@ from ._llama import (
     on_own_thread,
 )
 from ._prompt import PromptTokenizer
+from ._residents import KvCells, Resident, Residents, live_prefix, reusable
+
+__all__ = ["EngineConfig", "LlamaEngine", "Resident", "fingerprint_of", "live_prefix", "reusable"]
 from ._sampling import Sampler, check_grammar, check_logit_bias
 from ._template import template_for
 
+if TYPE_CHECKING:
+    from ._protocol import Engine
+
 log = logging.getLogger(__name__)
 BLOB_PRETOUCH_BYTES = 256 << 20
-CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
 
 
 def _meta_items(model: LlamaModel) -> list[tuple[str, str]]:
@@ -74,61 +79,6 @@ def fingerprint_of(model: LlamaModel, digest: str, type_kv: str, flash_attn: str
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-@dataclass
-class Resident:
-    """A conversation living in the context as sequence ``seq`` (its own KV stream).
-
-    ``tokens`` is exactly what the KV holds, in order; ``bounds`` the ends of the
-    batches it was computed in (ascending, the last one ``len(tokens)``): a token's KV
-    depends on its batch, so a prefix is reusable only up to a batch end that a cold
-    prefill of the new prompt would also have (see :func:`reusable`)."""
-
-    seq: int
-    tokens: list[int] = field(default_factory=list)
-    bounds: list[int] = field(default_factory=list)
-    last_used: float = 0.0
-    busy: bool = False
-    session: str | None = None  # the conversation it holds, when known
-    # llama.cpp copies a whole stream at the next decode, over whatever a restore would
-    # have loaded before it: no restore into a sequence with a copy pending
-    copy_pending: bool = False
-    # the next-token logits computed by the batch that ended at ``logits_at``, while
-    # the KV before it is unchanged: the same prompt again needs no decode at all
-    logits: np.ndarray | None = None
-    logits_at: int = 0
-
-    def forget_logits(self, below: int = 0) -> None:
-        """The KV before ``logits_at`` changes (kept up to ``below`` only)."""
-        if self.logits is not None and below < self.logits_at:
-            self.logits, self.logits_at = None, 0
-
-
-def live_prefix(res: Resident, ids: Sequence[int], cuts: Sequence[int]) -> int:
-    """How much of a prompt ``ids`` (batch ends ``cuts``, the last one ``len(ids)``) the
-    resident ``res`` holds for it. The last batch is recomputed for its logits, unless
-    ``res`` kept those of this very prompt: then the whole of it."""
-    if res.logits is not None and res.logits_at == len(ids):
-        whole = reusable(res.bounds, res.tokens, ids, cuts)
-        if whole == len(ids):
-            return whole
-    return reusable(res.bounds, res.tokens, ids, cuts[:-1])
-
-
-def reusable(
-    bounds: Sequence[int], held: Sequence[int], ids: Sequence[int], cuts: Sequence[int]
-) -> int:
-    """How much of a KV computed in batches ending at ``bounds`` (over tokens ``held``)
-    a prompt ``ids`` prefilled in batches ending at ``cuts`` can keep: the longest run
-    of identical batches over identical tokens."""
-    same = common_prefix(held, ids)
-    usable = 0
-    for mine, theirs in zip(bounds, cuts, strict=False):
-        if mine != theirs or mine > same:
-            break
-        usable = mine
-    return usable
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
@@ -144,10 +94,11 @@ class EngineConfig:
     kv_layout: tuple[_kvblob.CacheLayout, ...] | None = None
 
 
-class Engine:
+class LlamaEngine(Residents):
     """The model, one context, and the conversations resident in it. The only owner of
     "which tokens does each sequence's KV hold": the pipeline uses its verbs (claim,
-    restore, prefill, step, trim, snapshot, release) and never touches the context."""
+    restore, prefill, step, trim, snapshot, release) and never touches the context.
+    The llama.cpp implementation of the ``Engine`` protocol (_protocol.py)."""
 
     def __init__(self, config: EngineConfig, model: LlamaModel | None = None) -> None:
         self.config = config
@@ -208,6 +159,9 @@ class Engine:
                 "prompts are recomputed",
                 config.model_path.name,
             )
+
+    def _cells(self) -> KvCells:
+        return self.ctx
 
     def _measure_layout(self) -> _kvblob.BlobLayout:
         """The KV layout of this context, read from a real blob of a few tokens."""
@@ -326,85 +280,6 @@ class Engine:
                 "control-token text",
                 param="tools",
             )
-
-    # residents --------------------------------------------------------------------
-    def claim(
-        self,
-        ids: Sequence[int],
-        cuts: Sequence[int],
-        session: str | None,
-        share: bool,
-        stored: int = 0,
-    ) -> tuple[Resident, int]:
-        """A sequence for a prompt, and how many of its tokens it already holds (a
-        prefix that ends where one of ``cuts`` does, see :func:`live_prefix`: all of
-        them when it holds this prompt's logits). The conversation's own sequence
-        continues in place; else an idle one is taken (empty first, then the least
-        recently used), and gets the longest reusable live prefix of another by a
-        whole-stream copy, unless the store holds a longer prefix (``stored`` tokens),
-        which a restore then loads. ``share=False`` (no cache): nothing is reused."""
-        idle = [r for r in self.residents if not r.busy]
-        if not idle:
-            raise EngineError("no idle sequence")  # the runtime admits at most one per job
-        scored = [(live_prefix(r, ids, cuts), r) for r in idle] if share else []
-        live, best = max(
-            scored,
-            key=lambda x: (x[0], session is not None and x[1].session == session),
-            default=(0, None),
-        )
-        if not live:
-            best = None
-        if best is not None and (self._continues(best, live, session) or len(idle) == 1):
-            res = best  # continues in place (what it holds beyond ``live`` is stored)
-        else:
-            mine = next((r for r in idle if session and r.session == session), None)
-            others = [r for r in idle if r is not best]
-            if mine is not None and mine is not best:
-                res = mine
-            else:
-                res = min(others, key=lambda r: (bool(r.tokens), r.last_used))
-            self.evict(res)
-            if best is not None and live > stored:
-                self.ctx.seq_cp_all(best.seq, res.seq)
-                res.tokens, res.bounds = list(best.tokens), list(best.bounds)
-                res.logits, res.logits_at = best.logits, best.logits_at  # the same KV
-                res.copy_pending = True
-            else:
-                live = 0
-        self.trim(res, live)
-        res.busy, res.session = True, session
-        return res, live
-
-    @staticmethod
-    def _continues(res: Resident, live: int, session: str | None) -> bool:
-        """Is this request the next turn of the conversation ``res`` holds?"""
-        if session is not None and res.session is not None:
-            return session == res.session
-        # unknown conversations: a continuation diverges only where the last reply was
-        # re-tokenized, a little before the end of what the sequence holds
-        return len(res.tokens) - live <= CONTINUATION_SLACK
-
-    def release(self, res: Resident) -> None:
-        res.busy = False
-        res.last_used = time.monotonic()
-
-    def trim(self, res: Resident, n: int) -> None:
-        """Keeps the first ``n`` tokens (a batch end, or 0) of what ``res`` holds."""
-        if n and n not in res.bounds:
-            raise EngineError(f"cannot keep {n} tokens: not the end of a batch")
-        if n < len(res.tokens):
-            self.ctx.seq_rm(res.seq, n, -1)
-        del res.tokens[n:]
-        res.bounds = [b for b in res.bounds if b <= n]
-        res.forget_logits(below=n)
-
-    def evict(self, res: Resident, counted: bool = True) -> None:
-        """Empties ``res``; ``counted``: a conversation pushed out (stats)."""
-        if res.tokens:
-            self.ctx.seq_rm(res.seq)
-            self.evictions += int(counted)
-        res.tokens, res.bounds, res.session = [], [], None
-        res.forget_logits()
 
     # computing ------------------------------------------------------------------------
     def prefill(
@@ -594,3 +469,7 @@ class Engine:
         self.ctx.close()
         if close_model:
             self.model.close()
+
+
+if TYPE_CHECKING:  # mypy checks that the llama.cpp engine keeps the protocol
+    _IS_AN_ENGINE: type[Engine] = LlamaEngine

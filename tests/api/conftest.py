@@ -3,7 +3,7 @@
 The server command is a fixture so the same tests can run against the real model:
 set ``WARMSTART_TEST_SERVER_CMD`` (for example ``"warmstart serve --model default"``);
 it gets ``--port N`` (and ``--host``, ``--api-key``, ``--max-queue`` where a test
-needs them) appended. The default is the FakeRuntime server, ``python -m warmstart.runtime.api
+needs them) appended. The default is the fake engine's server, ``python -m warmstart.runtime.api
 --fake``; options only the fake understands (token delays) are passed to it alone.
 """
 

@@ -4,23 +4,26 @@ itself, which a real server cannot be made to produce on demand."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from warmstart.runtime.api import create_app
-from warmstart.runtime.fake import FakeRuntime
+from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.service import Runtime
 from warmstart.runtime.settings import load_settings
 from warmstart.runtime.streams import QueueStream
 from warmstart.runtime.types import Request, Stream
 
+from tests.conftest import fake_runtime
+
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeRuntime]:
-    runtime = FakeRuntime()
+def fake(tmp_path: Path) -> Iterator[LocalRuntime]:
+    runtime = fake_runtime(tmp_path)
     yield runtime
     runtime.close()
 
@@ -31,11 +34,11 @@ def _client(runtime: Runtime, **settings: Any) -> TestClient:
     return TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
 
 
-def test_fake_runtime_satisfies_the_protocol(fake: FakeRuntime) -> None:
+def test_fake_runtime_satisfies_the_protocol(fake: LocalRuntime) -> None:
     assert isinstance(fake, Runtime)
 
 
-def test_cors_is_off_unless_configured(fake: FakeRuntime) -> None:
+def test_cors_is_off_unless_configured(fake: LocalRuntime) -> None:
     origin = {"Origin": "http://example.test"}
     with _client(fake) as off:
         assert "access-control-allow-origin" not in off.get("/v1/models", headers=origin).headers
@@ -44,14 +47,14 @@ def test_cors_is_off_unless_configured(fake: FakeRuntime) -> None:
         assert headers["access-control-allow-origin"] == "http://example.test"
 
 
-def test_each_app_has_its_own_metrics(fake: FakeRuntime) -> None:
+def test_each_app_has_its_own_metrics(fake: LocalRuntime) -> None:
     with _client(fake) as first, _client(fake) as second:
         assert first.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert "warmstart_prompt_tokens_total 0.0" not in first.get("/metrics").text
         assert "warmstart_prompt_tokens_total 0.0" in second.get("/metrics").text
 
 
-class _Broken(FakeRuntime):
+class _Broken(LocalRuntime):
     """A runtime whose stats raise and whose streams fail after one token."""
 
     def stats(self) -> dict[str, Any]:
@@ -68,8 +71,8 @@ class _Broken(FakeRuntime):
 
 
 @pytest.fixture
-def broken() -> Iterator[_Broken]:
-    runtime = _Broken()
+def broken(tmp_path: Path) -> Iterator[_Broken]:
+    runtime = fake_runtime(tmp_path, runtime_class=_Broken)
     yield runtime
     runtime.close()
 

@@ -10,8 +10,9 @@ import openai
 import pytest
 from warmstart.runtime.api import check_bind, is_loopback, serve
 from warmstart.runtime.errors import ConfigError
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
+
+from tests.conftest import fake_runtime
 
 KEY = "test-key-0123456789"
 
@@ -26,8 +27,8 @@ def test_exposed_hosts(host: str) -> None:
     assert not is_loopback(host)
 
 
-def test_serve_refuses_an_exposed_bind_without_a_key() -> None:
-    runtime = FakeRuntime()
+def test_serve_refuses_an_exposed_bind_without_a_key(tmp_path: Path) -> None:
+    runtime = fake_runtime(tmp_path)
     try:
         with pytest.raises(ConfigError, match="api_key"):
             serve(load_settings(host="0.0.0.0", port=0), runtime)

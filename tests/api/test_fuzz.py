@@ -9,7 +9,9 @@ schemathesis' own pytest plugin is not used: its lazy loader breaks on pytest 9.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +19,10 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from warmstart.runtime.api import create_app
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
 
 from tests.api.conftest import Server
+from tests.conftest import fake_runtime
 
 EXAMPLES = int(os.environ.get("WARMSTART_FUZZ_EXAMPLES", "80"))
 MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
@@ -29,11 +31,12 @@ MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGAT
 def _schema() -> Any:
     """The OpenAPI document, built in process so operations are known at collection;
     it is the same document every server of this app serves."""
-    runtime = FakeRuntime()
-    try:
-        document = create_app(load_settings(), runtime).openapi()
-    finally:
-        runtime.close()
+    with tempfile.TemporaryDirectory() as data_dir:
+        runtime = fake_runtime(Path(data_dir))
+        try:
+            document = create_app(load_settings(), runtime).openapi()
+        finally:
+            runtime.close()
     return schemathesis.openapi.from_dict(document)
 
 

@@ -16,27 +16,35 @@ import httpx
 import openai
 import pytest
 from warmstart.runtime.api import create_app
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import ModelError
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
 
 from tests.api.inproc import serving
+from tests.conftest import fake_runtime
 from tests.gguf_files import tiny_model
 
 ASK = [{"role": "user", "content": "Which model are you?"}]
 
 
-class Model(FakeRuntime):
-    """A fake runtime that says when it is closed."""
+class Model(LocalRuntime):
+    """The runtime over the fake engine, saying when it is closed."""
 
-    def __init__(self, name: str, log: list[str], **kw: object) -> None:
-        super().__init__(model_id=name, n_ctx=1024 if name == "alpha" else 2048, **kw)  # type: ignore[arg-type]
-        self.log = log
+    log: list[str]
 
     def close(self) -> None:
-        if not self._closed:
+        if not self._closing:
             self.log.append(f"close {self.model_id}")
         super().close()
+
+
+def model(data_dir: Path, name: str, log: list[str], **kw: object) -> Model:
+    n_ctx = 1024 if name == "alpha" else 2048
+    options = FakeOptions(model_id=name, n_ctx=n_ctx, **kw)  # type: ignore[arg-type]
+    runtime: Model = fake_runtime(data_dir, options, Model)
+    runtime.log = log
+    return runtime
 
 
 @dataclass
@@ -66,10 +74,10 @@ def setup(tmp_path: Path, clean_settings: None, request: pytest.FixtureRequest) 
             raise ModelError(f"{path} cannot be loaded")
         log.append(f"open {path.stem}")
         time.sleep(kw.get("open_s", 0.0))
-        return Model(path.stem, log, token_delay=delay, reply_words=words)
+        return model(tmp_path, path.stem, log, token_delay=delay, reply_words=words)
 
     delay, words = kw.get("token_delay", 0.0), kw.get("reply_words")
-    first = Model("alpha", log, token_delay=delay, reply_words=words)
+    first = model(tmp_path, "alpha", log, token_delay=delay, reply_words=words)
     app = create_app(settings, first, opener)
     with serving(app) as url:
         setup = Setup(url, log)
@@ -189,7 +197,7 @@ def test_without_an_opener_only_the_loaded_model_is_served(
     tmp_path: Path, clean_settings: None
 ) -> None:
     tiny_model(tmp_path / "models.gguf")
-    runtime = FakeRuntime(model_id="solo")
+    runtime = fake_runtime(tmp_path, FakeOptions(model_id="solo"))
     app = create_app(load_settings(data_dir=tmp_path), runtime)
     try:
         with serving(app) as url:

@@ -19,6 +19,7 @@ import openai
 import pytest
 from warmstart.runtime.api import create_app
 from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.factory import build_runtime
 
 from tests.api.conftest import run_server
 from tests.api.inproc import serving
@@ -43,7 +44,7 @@ def client(tmp_path: Path, model_path: Path, gemma_path: Path) -> Iterator[opena
     models = install(tmp_path, model_path, gemma_path)
 
     def opener(path: Path) -> LocalRuntime:
-        return LocalRuntime(small_settings(tmp_path, path))
+        return build_runtime(small_settings(tmp_path, path))
 
     first = opener(models / model_path.name)
     app = create_app(first.settings, first, opener)

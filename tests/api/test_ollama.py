@@ -8,16 +8,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import ollama
 import pytest
 from warmstart.runtime.api import create_app
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
 
 from tests.api.conftest import Server
+from tests.conftest import fake_runtime
 
 GREEDY = {"temperature": 0, "num_predict": 12}
 
@@ -194,11 +195,11 @@ def test_key_and_host_rules_apply(start: Any) -> None:
         assert cross.status_code == 403
 
 
-def test_warmstart_routes_can_be_switched_off() -> None:
+def test_warmstart_routes_can_be_switched_off(tmp_path: Path) -> None:
     """``serve --no-warmstart-routes``: a plain OpenAI-compatible surface, as vLLM's."""
     from fastapi.testclient import TestClient
 
-    runtime = FakeRuntime()
+    runtime = fake_runtime(tmp_path)
     try:
         for on in (True, False):
             app = create_app(load_settings(warmstart_routes=on), runtime)

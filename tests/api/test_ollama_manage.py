@@ -21,13 +21,15 @@ import pytest
 from warmstart.runtime._admit import Admitted
 from warmstart.runtime.api import create_app
 from warmstart.runtime.api._keep_alive import Expiry, keep_alive_seconds
+from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import RequestError
-from warmstart.runtime.fake import FakeRuntime
 from warmstart.runtime.settings import load_settings
 from warmstart.runtime.types import Request
 
 from tests.api.conftest import Server
 from tests.api.inproc import serving
+from tests.conftest import fake_runtime
 from tests.gguf_files import tiny_model
 from tests.hubfake import Hub, serve_hub
 
@@ -45,13 +47,11 @@ TOOLS = [
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-class Model(FakeRuntime):
+class Model(LocalRuntime):
     """A fake that logs its closing and, with tools, always calls the first one (the
     fake calls only a forced tool; Ollama has no tool_choice)."""
 
-    def __init__(self, name: str, log: list[str], **kw: Any) -> None:
-        super().__init__(model_id=name, **kw)
-        self.log = log
+    log: list[str]
 
     def admit(self, request: Request) -> Admitted:
         if request.tools:
@@ -59,9 +59,15 @@ class Model(FakeRuntime):
         return super().admit(request)
 
     def close(self) -> None:
-        if not self._closed:
+        if not self._closing:
             self.log.append(f"close {self.model_id}")
         super().close()
+
+
+def model(data_dir: Path, name: str, log: list[str]) -> Model:
+    runtime: Model = fake_runtime(data_dir, FakeOptions(model_id=name, token_delay=0.002), Model)
+    runtime.log = log
+    return runtime
 
 
 @dataclass
@@ -85,9 +91,9 @@ def setup(tmp_path: Path, clean_settings: None) -> Iterator[Setup]:
 
     def opener(path: Path) -> Model:
         log.append(f"open {path.stem}")
-        return Model(path.stem, log, token_delay=0.002)
+        return model(tmp_path, path.stem, log)
 
-    app = create_app(settings, Model("alpha", log, token_delay=0.002), opener)
+    app = create_app(settings, model(tmp_path, "alpha", log), opener)
     with serving(app) as url:
         yield Setup(url, models, log)
     app.state.warmstart.close()

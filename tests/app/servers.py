@@ -139,7 +139,7 @@ def real_server(shared_real_server: ServerProcess) -> ServerProcess:
 
 @pytest.fixture
 def fake_server(servers) -> Callable[..., ServerProcess]:
-    """``fake_server(*flags)``: the runtime's FakeRuntime behind the real API, started."""
+    """``fake_server(*flags)``: the runtime over the fake engine behind the real API, started."""
 
     def make(*flags: str) -> ServerProcess:
         fake = [sys.executable, "-m", "warmstart.runtime.api", "--fake"]

@@ -149,7 +149,8 @@ def test_the_real_smoke_child_passes_here(model_path: Path) -> None:
 def test_runtime_answers_without_extra_buffers_when_the_child_dies(
     tmp_path: Path, model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from warmstart.runtime.core import LocalRuntime, load_model
+    from warmstart.runtime.core import load_model
+    from warmstart.runtime.factory import build_runtime
 
     settings = small_settings(tmp_path / "fresh", model_path)
     (tmp_path / "fresh" / "extra_buffers.json").unlink(missing_ok=True)  # decide afresh
@@ -161,7 +162,7 @@ def test_runtime_answers_without_extra_buffers_when_the_child_dies(
     assert "extra buffer types: off (a smoke decode" in caplog.text
     said = [r for r in caplog.records if "extra buffer types" in r.getMessage()]
     assert said and all(r.levelno == logging.INFO for r in said)
-    with LocalRuntime(settings, loaded) as rt:
+    with build_runtime(settings, loaded) as rt:
         text, report = rt.generate(chat("What colour is the sky? One word.", max_tokens=8)).text()
     assert text.strip() and report.completion_tokens > 0
     # the verdict is kept: the next start neither runs the child nor turns them on

@@ -131,12 +131,12 @@ def test_gemmas_end_of_turn_stops_generation(gemma: LlamaModel) -> None:
 
 @pytest.mark.slow
 def test_gemma_replies_carry_no_turn_markers(tmp_path: Path, gemma_path: Path) -> None:
-    from warmstart.runtime.core import LocalRuntime
+    from warmstart.runtime.factory import build_runtime
 
     from tests.conftest import small_settings
 
     few_shot = ("Capital of Italy?", "Rome.", "Capital of Spain?", "Madrid.", "Capital of France?")
-    with LocalRuntime(small_settings(tmp_path, gemma_path)) as rt:
+    with build_runtime(small_settings(tmp_path, gemma_path)) as rt:
         text, _ = rt.generate(chat(*few_shot, max_tokens=48, system=None)).text()
         assert text.startswith("Paris"), text
         for question in ("What is the capital of France?", "Say hello."):
