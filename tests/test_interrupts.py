@@ -68,6 +68,9 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal
+            # as at a terminal, Ctrl-C interrupts it, even where this test's parent
+            # ignores SIGINT (a job started in the background of a shell does)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         _STARTED.append(self.pid)
         self.out = b""
