@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._embed_queue import EmbeddingQueue, check_texts, check_tokens
+from ._stats import DiskStats, LiveStats, QueueStats, RamStats, Stats
 from .engine._tools import check_choice, new_call_id
 from .errors import Busy, Cancelled, ContextOverflow, RequestError
 from .sessions import check_session_id
@@ -299,35 +300,35 @@ class FakeRuntime:
             return True
 
     def stats(self) -> dict[str, Any]:
+        """The same typed Stats as LocalRuntime (_stats.py), counted in conversations."""
         with self._cond:
-            tiers = {
-                tier: {
-                    "sessions": sum(1 for e in self._entries.values() if e.tier == tier),
-                    "tokens": sum(len(e.tokens) for e in self._entries.values() if e.tier == tier),
-                    "capacity_sessions": self._caps[tier],
-                }
-                for tier in TIERS
-            }
-            for usage in tiers.values():
-                usage["bytes"] = usage["tokens"] * 1024  # a pretend 1 KiB per token
+            entries = list(self._entries.values())
             c = self._counters
-            return {
-                "model": self.model_id,
-                "requests": c["requests"],
-                "prompt_tokens": c["prompt_tokens"],
-                "completion_tokens": c["completion_tokens"],
-                "cached_tokens": sum(c[f"restored_{t}"] for t in TIERS),
-                "hits": {t: c[f"hits_{t}"] for t in TIERS},
-                "misses": c["misses"],
-                "evictions": c["evictions"],
-                "tiers": tiers,
-                "queue": {
-                    "waiting": len(self._waiting) + self._embeds.waiting,
-                    "active": len(self._active) + self._embeds.active,
-                    "max_queue": self.max_queue,
-                },
-                "sessions": len(self._entries),
-            }
+            waiting = len(self._waiting) + self._embeds.waiting
+            active = len(self._active) + self._embeds.active
+            held = {t: [e for e in entries if e.tier == t] for t in TIERS}
+            tokens = {t: sum(len(e.tokens) for e in held[t]) for t in TIERS}
+
+            def usage(tier: str) -> tuple[int, int, int, int, int]:
+                """tokens, bytes (a pretend 1 KiB a token), no byte capacity, sessions."""
+                return tokens[tier], tokens[tier] * 1024, 0, len(held[tier]), self._caps[tier]
+
+            stats = Stats(
+                model=self.model_id,
+                requests=c["requests"],
+                prompt_tokens=c["prompt_tokens"],
+                completion_tokens=c["completion_tokens"],
+                cached_tokens=sum(c[f"restored_{t}"] for t in TIERS),
+                hits={t: c[f"hits_{t}"] for t in TIERS},
+                misses=c["misses"],
+                evictions=c["evictions"],
+                live=LiveStats(*usage("live"), sequences=self.slots, resident=len(held["live"])),
+                ram=RamStats(*usage("ram")),
+                disk=DiskStats(*usage("disk")),
+                queue=QueueStats(waiting, active, self.max_queue),
+                sessions=len(entries),
+            )
+        return stats.to_json()
 
     def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings:
         """Bag-of-words vectors: each word adds a signed unit at a place its hash picks,
