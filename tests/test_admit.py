@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime._admit import check_fits, check_request
-from warmstart.runtime.errors import ContextOverflow, RequestError
 from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.engine._fake import FakeOptions
+from warmstart.runtime.errors import ContextOverflow, RequestError
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
 
 from tests.conftest import fake_runtime
