@@ -273,7 +273,7 @@ def _decode_figures(rt: Any, system: str, n_conv: int) -> dict[str, Any]:
     for i in range(min(4, rt.tuning.resident_sequences) - 1):
         timed(rt, conversation(system, i), max_tokens=1)  # resident again, from RAM
     rt.wait_idle()
-    out["resident_during_4_resident"] = sum(1 for r in rt.engine.residents if r.tokens) + 1
+    out["resident_during_4_resident"] = rt.view.resident + 1
     out["decode_tok_s_4_resident"] = decode_tok_s(rt, alone)
     rt.wait_idle()  # as when a user reads a reply before asking the next question
     out["other_question"] = timed(rt, conversation(system, n_conv + 2))

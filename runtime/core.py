@@ -5,6 +5,10 @@ beyond ``max_queue``) and are admitted while a resident sequence is free; the
 worker then advances every admitted request one bounded step at a time, round
 robin, so conversations are served fairly. Embeddings are computed on the thread
 that asks, in a context of their own, admitted with the replies (_embed_queue.py).
+
+The worker also owns what it mutates: after each step it publishes a frozen view
+(_view.py) of the resident sequences, its counters and recent events; stats and
+session info read that view, never ``engine.residents`` (a list the worker changes).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from ._admit import Admitted, admit
 from ._embed_queue import EmbeddingQueue
 from ._embeddings import Embedder
 from ._pipeline import Env, Job
+from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats
+from ._view import ViewBook, WorkerView
 from .engine._llama import LlamaModel
 from .engine._loader import (
     AS_SET,
@@ -163,7 +169,10 @@ class LocalRuntime:
             self.book,
             exact_replies=settings.exact_replies,
         )
-        self.counters: collections.Counter[str] = collections.Counter()
+        self._views = ViewBook()
+        self.counters = self._views.counters  # the worker's: only it counts here
+        self._requests = 0  # counted by the submitting threads, under the lock
+        self._publish()  # before the worker starts: nothing else reads the engine yet
         lock = threading.RLock()  # one lock for both queues: one admission decision
         self._cv = threading.Condition(lock)
         self._waiting: collections.deque[Job] = collections.deque()
@@ -290,7 +299,7 @@ class LocalRuntime:
             if self._in_background:  # a request waits: the background decode stops now
                 self.engine.interrupt(True)
             self._idle.clear()
-            self.counters["requests"] += 1
+            self._requests += 1
             self._cv.notify()
         return stream, job
 
@@ -318,9 +327,19 @@ class LocalRuntime:
                     fut.set_exception(exc)
             if active:
                 self._step(active)
+            self._publish()  # before idle is said: wait_idle() then stats() sees it all
             with self._cv:
                 if not active and not self._waiting:
                     self._idle.set()
+
+    def _publish(self) -> None:
+        """On the worker thread (or before it starts): the view readers take."""
+        self._views.publish(self.engine.residents, self.engine.evictions)
+
+    @property
+    def view(self) -> WorkerView:
+        """The worker's latest view (a frozen value: read it from any thread)."""
+        return self._views.view
 
     def _preempt_for_followups(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
         """A conversation's next request is waiting (an agent loop, a client that sends
@@ -333,6 +352,7 @@ class LocalRuntime:
                 continue
             job.preempted = True
             self.counters["preempted"] += 1
+            self._views.event("preempted", job.report.session_id)
             active.remove((job, steps))
             try:
                 for _ in steps:  # what is left is the capture: no decode runs now
@@ -360,6 +380,7 @@ class LocalRuntime:
             return
         except Exception as exc:
             log.exception("request failed")
+            self._views.event("failed", job.report.session_id)
             job.stream.fail(exc)
             return
         finally:
@@ -402,6 +423,7 @@ class LocalRuntime:
             self.counters[f"tokens_{tier}"] += r.restored[tier]
         best = next((t for t in TIERS if r.restored[t]), "miss")
         self.counters[f"hits_{best}"] += 1
+        self._views.event("finished", r.session_id)
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` on the worker thread (it owns the context) and waits for it."""
@@ -440,8 +462,7 @@ class LocalRuntime:
         def evict_idle() -> None:
             for res in self.engine.residents:
                 if not res.busy:
-                    self.engine.evict(res)
-            self.engine.evictions = 0  # asked for, not pushed out by others
+                    self.engine.evict(res, counted=False)  # asked for, not pushed out
 
         self._call(evict_idle)
 
@@ -456,7 +477,7 @@ class LocalRuntime:
                     tiers[tier] += len(record.tokens)
             tokens = [t for r in chain for t in r.tokens]
             tiers["live"] = max(
-                (common_prefix(r.tokens, tokens) for r in self.engine.residents), default=0
+                (common_prefix(r.tokens, tokens) for r in self.view.residents), default=0
             )
         return SessionInfo(
             *(row.id, row.title, row.created, row.updated, row.n_tokens, tiers),
@@ -527,68 +548,54 @@ class LocalRuntime:
         return self.book.delete_response(response_id)
 
     def stats(self) -> dict[str, Any]:
-        """Counters and tier usage, in the shape docs/api.md documents."""
-        c = self.counters
-        kvb = self.engine.kv_bytes_per_token
-        live_tokens = sum(len(r.tokens) for r in self.engine.residents)
-        tiers: dict[str, dict[str, Any]] = {
-            "live": {
-                "tokens": live_tokens,
-                "bytes": live_tokens * kvb,
-                "capacity_bytes": self.engine.n_ctx * len(self.engine.residents) * kvb,
-                "sequences": len(self.engine.residents),
-                "resident": sum(1 for r in self.engine.residents if r.tokens),
-            },
-            "ram": {"tokens": 0, "bytes": 0, "capacity_bytes": 0},
-            "disk": {"tokens": 0, "bytes": 0, "capacity_bytes": self.tuning.disk_budget_bytes},
-        }
-        out: dict[str, Any] = {"model": self.model_id}
-        if self.store is not None:
-            store = self.store.stats()
-            ram, disk = store["ram"], store["disk"]
-            tiers["ram"].update(
-                tokens=ram["tokens"],
-                bytes=ram["used_bytes"],
-                capacity_bytes=ram["capacity_bytes"],
-                limit_bytes=ram["limit_bytes"],
-                resident_bytes=ram["resident_bytes"],
-                memory=ram["memory"],
-            )
-            out["memory"] = {
-                "floor_bytes": self.tuning.memory_floor_bytes,
-                "available_bytes": self.watcher.available if self.watcher else None,
-                "watching": self.watcher is not None,
-                "under_pressure": bool(self.watcher and self.watcher.under_pressure),
-                "pressure_events": store["pressure_events"],
-                "returned_bytes": store["returned_bytes"],
-            }
-            tiers["disk"].update(
-                tokens=disk["tokens"],
-                bytes=disk["used_bytes"],
-                kv_bytes=disk["kv_bytes"],
-                degraded=disk["degraded"],
-                degraded_reason=disk["degraded_reason"],
-            )
-            out["store"] = store
+        """Counters and tier usage, in the shape docs/api.md documents (_stats.py):
+        from the worker's view and the store's counts, never the live engine."""
+        return self.typed_stats().to_json()
+
+    def typed_stats(self) -> Stats:
+        """What stats() says, as the typed value; safe from any thread."""
+        view = self.view
+        c = view.counters
+        store = self.store.stats() if self.store is not None else None
         with self._cv:
-            waiting, embedding = self._queued(), self._embeds.active
-        out.update(
-            requests=c["requests"],
-            prompt_tokens=c["prompt_tokens"],
-            completion_tokens=c["completion_tokens"],
-            cached_tokens=sum(c[f"tokens_{t}"] for t in TIERS),
-            hits={t: c[f"hits_{t}"] for t in TIERS},
-            misses=c["hits_miss"],
-            evictions=(out.get("store") or {}).get("evictions", 0) + self.engine.evictions,
-            tiers=tiers,
-            queue={
-                "waiting": waiting,
-                "active": sum(1 for r in self.engine.residents if r.busy) + embedding,
-                "max_queue": self.settings.max_queue,
-            },
+            waiting, embedding, requests = self._queued(), self._embeds.active, self._requests
+        return Stats(
+            model=self.model_id,
+            requests=requests,
+            prompt_tokens=c.get("prompt_tokens", 0),
+            completion_tokens=c.get("completion_tokens", 0),
+            cached_tokens=sum(c.get(f"tokens_{t}", 0) for t in TIERS),
+            hits={t: c.get(f"hits_{t}", 0) for t in TIERS},
+            misses=c.get("hits_miss", 0),
+            evictions=(store or {}).get("evictions", 0) + view.evictions,
+            live=self._live_stats(view),
+            ram=RamStats.of_store(store),
+            disk=DiskStats.of_store(store, self.tuning.disk_budget_bytes),
+            queue=QueueStats(waiting, view.busy + embedding, self.settings.max_queue),
             sessions=self.book.count(),
+            memory=self._memory_stats(store),
+            store=store,
         )
-        return out
+
+    def _live_stats(self, view: WorkerView) -> LiveStats:
+        kvb, n = self.engine.kv_bytes_per_token, len(view.residents)  # fixed once loaded
+        live = view.live_tokens
+        return LiveStats(
+            *(live, live * kvb, self.engine.n_ctx * n * kvb), sequences=n, resident=view.resident
+        )
+
+    def _memory_stats(self, store: dict[str, Any] | None) -> MemoryStats | None:
+        if store is None:
+            return None
+        watcher = self.watcher
+        return MemoryStats(
+            floor_bytes=self.tuning.memory_floor_bytes,
+            available_bytes=watcher.available if watcher else None,
+            watching=watcher is not None,
+            under_pressure=bool(watcher and watcher.under_pressure),
+            pressure_events=store["pressure_events"],
+            returned_bytes=store["returned_bytes"],
+        )
 
     def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings:
         """On the calling thread, in the embedding context, while the worker goes on

@@ -44,7 +44,7 @@ class Runtime(Protocol):
       off). ``response(id)`` reads one back (None when unknown);
       ``delete_response(id)`` forgets one (False when unknown). Deleting a session
       forgets the responses kept in it.
-    - ``stats()`` returns a JSON-able dict of counters and tier usage.
+    - ``stats()`` returns the JSON of a ``_stats.Stats``: counters and tier usage.
     - ``settings_report()`` returns ``{name: {"value": v, "reason": str}}``.
     - ``degraded()`` returns ``{part: why}`` for what runs in a reduced mode now (the
       disk tier off: RAM only); empty when all is well. Cheap: /health calls it.

@@ -1,4 +1,8 @@
-"""The memory panel's figures, read tolerantly from ``GET /v1/warmstart/stats``."""
+"""The memory panel's figures, read tolerantly from ``GET /v1/warmstart/stats``.
+
+Every warmstart runtime (the real one and the fake) now gives the one shape that
+docs/api.md describes; the tolerance stays for what else answers there: an older
+server (``used_bytes``, ``hits.miss``), /health's ``degraded``, a partial body."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Two sources: the HTTP layer counts requests and observes each reply's Report
 (tokens, TTFT, restore and prefill times, hits per tier); tier usage, evictions and
 the queue are read from ``runtime.stats()`` at scrape time, so the runtime stays the
-one owner of those numbers. Stats keys that a runtime does not provide are skipped.
+one owner of those numbers. Its shape is one (runtime/_stats.py): a figure a runtime
+does not have (no RAM pool, no disk tier) is absent, and its metric with it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._stats import Stats
 from ..types import TIERS, Report
 
 log = logging.getLogger(__name__)
@@ -39,79 +41,69 @@ class _RuntimeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            stats = self._runtime.stats()
+            raw = self._runtime.stats()
+            stats = Stats.from_json(raw) if raw else None  # {}: no model loaded yet
         except Exception:  # a scrape must not fail because the runtime is busy or closing
             log.exception("runtime.stats() failed during a metrics scrape")
             return
-        yield from _tier_metrics(stats.get("tiers") or {})
-        disk = (stats.get("tiers") or {}).get("disk") or {}
-        if isinstance(disk.get("degraded"), bool):
+        if stats is None:
+            return
+        yield from _tier_metrics(stats)
+        if stats.disk.degraded is not None:
             yield GaugeMetricFamily(
                 "warmstart_disk_tier_degraded",
                 "1 while the disk tier cannot be written and the cache runs from RAM",
-                value=int(disk["degraded"]),
+                value=int(stats.disk.degraded),
             )
         yield from _memory_metrics(stats)
-        evictions = stats.get("evictions")
-        if isinstance(evictions, int | float):
-            yield CounterMetricFamily(
-                "warmstart_evictions", "cache entries evicted from the last tier", value=evictions
+        yield CounterMetricFamily(
+            "warmstart_evictions", "cache entries evicted from the last tier", value=stats.evictions
+        )
+        for key, value in (("waiting", stats.queue.waiting), ("active", stats.queue.active)):
+            yield GaugeMetricFamily(
+                f"warmstart_queue_{key}", f"requests {key} in the runtime", value=value
             )
-        queue = stats.get("queue") or {}
-        for key in ("waiting", "active"):
-            if isinstance(queue.get(key), int | float):
-                yield GaugeMetricFamily(
-                    f"warmstart_queue_{key}", f"requests {key} in the runtime", value=queue[key]
-                )
 
 
-def _memory_metrics(stats: dict[str, Any]) -> Iterator[Metric]:
+def _memory_metrics(stats: Stats) -> Iterator[Metric]:
     """The RAM pool's give-back under memory pressure (runtimes with a pool only)."""
-    ram = (stats.get("tiers") or {}).get("ram") or {}
-    memory = stats.get("memory") or {}
+    memory = stats.memory
     gauges = (
-        ("warmstart_ram_pool_limit_bytes", "bytes the RAM pool may use now", ram, "limit_bytes"),
+        ("warmstart_ram_pool_limit_bytes", "bytes the RAM pool may use now", stats.ram.limit_bytes),
         (
             "warmstart_ram_pool_resident_bytes",
             "bytes of the RAM pool that may be resident (given-back pages excluded)",
-            ram,
-            "resident_bytes",
+            stats.ram.resident_bytes,
         ),
         (
             "warmstart_memory_floor_bytes",
             "available system memory below which the RAM pool gives memory back",
-            memory,
-            "floor_bytes",
+            memory.floor_bytes if memory else None,
         ),
     )
-    for name, doc, source, key in gauges:
-        if isinstance(source.get(key), int | float):
-            yield GaugeMetricFamily(name, doc, value=source[key])
-    events = memory.get("pressure_events")
-    if isinstance(events, int | float):
+    for name, doc, value in gauges:
+        if value is not None:
+            yield GaugeMetricFamily(name, doc, value=value)
+    if memory is not None:
         yield CounterMetricFamily(
             "warmstart_memory_pressure_events",
             "times the RAM pool shrank because available memory fell below the floor",
-            value=events,
+            value=memory.pressure_events,
         )
 
 
-def _tier_metrics(tiers: dict[str, Any]) -> Iterator[Metric]:
-    families = {
-        "bytes": GaugeMetricFamily("warmstart_tier_bytes", "bytes used per tier", labels=["tier"]),
-        "capacity_bytes": GaugeMetricFamily(
-            "warmstart_tier_capacity_bytes", "byte budget per tier", labels=["tier"]
-        ),
-        "tokens": GaugeMetricFamily(
-            "warmstart_tier_tokens", "tokens held per tier", labels=["tier"]
-        ),
-    }
-    for tier, usage in tiers.items():
-        for key, family in families.items():
-            value = usage.get(key) if isinstance(usage, dict) else None
-            if isinstance(value, int | float):
-                family.add_metric([str(tier)], value)
-    yield from (f for f in families.values() if f.samples)
+def _tier_metrics(stats: Stats) -> Iterator[Metric]:
+    families = (
+        GaugeMetricFamily("warmstart_tier_bytes", "bytes used per tier", labels=["tier"]),
+        GaugeMetricFamily("warmstart_tier_capacity_bytes", "byte budget per tier", labels=["tier"]),
+        GaugeMetricFamily("warmstart_tier_tokens", "tokens held per tier", labels=["tier"]),
+    )
+    for tier, usage in (("live", stats.live), ("ram", stats.ram), ("disk", stats.disk)):
+        for family, value in zip(
+            families, (usage.bytes, usage.capacity_bytes, usage.tokens), strict=True
+        ):
+            family.add_metric([tier], value)
+    yield from families
 
 
 class Metrics:

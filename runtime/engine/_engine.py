@@ -451,7 +451,7 @@ class LlamaEngine(Residents):
         res = self.residents[self._probe_seq()]
 
         def kv(batch: int) -> np.ndarray:
-            self.evict(res)
+            self.evict(res, counted=False)
             self.prefill(res, ids[:16], want_logits=False)
             while len(res.tokens) < len(ids):
                 self.prefill(res, ids[len(res.tokens) : len(res.tokens) + batch], False)
@@ -461,8 +461,7 @@ class LlamaEngine(Residents):
 
         whole = kv(total)
         same = tuple(u for u in units if np.array_equal(kv(u), whole))
-        self.evict(res)
-        self.evictions = 0
+        self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same
 
     def close(self, close_model: bool = True) -> None:

@@ -7,6 +7,10 @@ that a new process can look prefixes up without reading any blob. Order of write
 blob first, index row second, so a crash in between leaves an orphan blob (evicted
 in time), never an index row pointing at nothing we trust; and a row whose blob is
 gone (evicted, deleted by hand) is dropped on first use.
+
+What the tier holds (chunks, tokens, bytes on disk) is counted by whoever changes
+it, as it writes, culls and deletes, after one count at open: a stats scrape
+reads the last ``DiskUsage`` and never lists the cache or walks its folder.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import logging
 import os
 import shutil
 import sqlite3
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +39,46 @@ from ._index import DiskIndex, IndexRow
 log = logging.getLogger(__name__)
 
 
+def _allocated(path: str) -> int:
+    """Bytes a file really occupies (its allocated blocks), 0 once it is gone."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    return getattr(info, "st_blocks", 0) * 512 or info.st_size
+
+
 class PrivateDisk(diskcache.Disk):
     """diskcache's Disk with private files (0600, directories 0700): KV caches hold
     the user's conversations. Values reach it already encoded (DiskTier.put), as
-    plain bytes, which diskcache keeps raw (unpickled)."""
+    plain bytes, which diskcache keeps raw (unpickled).
+
+    Each value file is counted as it is written and as diskcache removes it (a
+    replaced value, an LRU cull, a delete), so ``file_bytes`` is known without a walk.
+    """
+
+    def __init__(self, directory: str, **kwargs: Any) -> None:
+        super().__init__(directory, **kwargs)
+        self._files: dict[str, int] = {}  # relative file name -> allocated bytes
+        self._files_lock = threading.Lock()  # diskcache removes from any thread
+        self.file_bytes = 0
+
+    def count_files(self) -> None:
+        """The one walk: the value files already there when the tier opens."""
+        found = {}
+        for root, _dirs, files in os.walk(self._directory):
+            for name in files:
+                full = os.path.join(root, name)
+                if root != self._directory:  # diskcache's own cache.db* sit at the top
+                    found[os.path.relpath(full, self._directory)] = _allocated(full)
+        with self._files_lock:
+            self._files, self.file_bytes = found, sum(found.values())
+
+    def _counted(self, filename: str, nbytes: int) -> None:
+        with self._files_lock:
+            self.file_bytes += nbytes - self._files.pop(filename, 0)
+            if nbytes:
+                self._files[filename] = nbytes
 
     def filename(
         self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN
@@ -53,8 +95,25 @@ class PrivateDisk(diskcache.Disk):
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
-            os.chmod(os.path.join(self._directory, filename), 0o600)
+            full = os.path.join(self._directory, filename)
+            os.chmod(full, 0o600)
+            self._counted(filename, _allocated(full))
         return size, mode, filename, db_value
+
+    def remove(self, file_path: str) -> None:
+        super().remove(file_path)
+        self._counted(file_path, 0)
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """What the disk tier holds now: its indexed chunks whose blob is there, their
+    tokens and KV bytes, and the bytes its folder occupies (allocated blocks)."""
+
+    chunks: int = 0
+    tokens: int = 0
+    kv_bytes: int = 0
+    used_bytes: int = 0
 
 
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EIO)
@@ -145,6 +204,8 @@ class DiskTier:
         self.directory = directory
         self.level = level
         self._fp = _codec.fingerprint_digest(fingerprint)
+        self._lock = threading.Lock()  # the counts below: the writer and readers change them
+        self._culled: set[bytes] = set()  # culled by diskcache, not yet told to the store
         try:
             # a symlink or another user's directory is refused, never followed and re-moded
             private_dir(directory, "cache_dir")
@@ -163,9 +224,87 @@ class DiskTier:
             (directory / "blobs").chmod(0o700)
             for suffix in ("", "-wal", "-shm"):  # diskcache's own index, created by it
                 private_file(directory / "blobs" / f"cache.db{suffix}")
+            self._count_at_open()
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            if hasattr(self, "_blobs"):
+                with contextlib.suppress(Exception):
+                    self._blobs.close()
             self._index.close()
             raise _as_unavailable(directory, exc) from exc
+
+    # what the tier holds, counted as it changes -----------------------------------
+    def _count_at_open(self) -> None:
+        """The one listing and walk: the chunks indexed whose blob is really there
+        (diskcache's LRU culls blobs without telling the index), and the files."""
+        self._disk: PrivateDisk = self._blobs.disk
+        self._disk.count_files()
+        self._sqlite_files = [
+            self.directory / f"{name}{suffix}"
+            for name in ("index.db", "blobs/cache.db")
+            for suffix in ("", "-wal", "-shm")
+        ]
+        known = {str(p) for p in self._sqlite_files}
+        blobs = self.directory / "blobs"
+        self._other_bytes = sum(  # anything else in the folder (a user's file): fixed
+            _allocated(os.path.join(root, name))
+            for root, _dirs, files in os.walk(self.directory)
+            for name in files
+            if os.path.join(root, name) not in known and not root.startswith(str(blobs))
+        )
+        present = self.present()
+        self._chunks: dict[bytes, tuple[int, int]] = {}  # key -> (tokens, KV bytes)
+        self._tokens = self._kv_bytes = 0
+        self._n_blobs = len(self._blobs)
+        for row in self._index.rows(self._fp):
+            if row.key in present:
+                self._add(row.key, len(row.tokens), row.nbytes)
+        self._publish()
+
+    def _add(self, key: bytes, tokens: int, nbytes: int) -> None:
+        self._discard(key)
+        self._chunks[key] = (tokens, nbytes)
+        self._tokens += tokens
+        self._kv_bytes += nbytes
+
+    def _discard(self, key: bytes) -> None:
+        tokens, nbytes = self._chunks.pop(key, (0, 0))
+        self._tokens -= tokens
+        self._kv_bytes -= nbytes
+
+    def _publish(self) -> None:
+        """After each change (lock held or not yet shared): the SQLite files grow with
+        every write and read (diskcache records access times), so they are looked at
+        again; six stats, never a listing."""
+        used = self._other_bytes + self._disk.file_bytes
+        used += sum(_allocated(str(p)) for p in self._sqlite_files)
+        self.usage = DiskUsage(len(self._chunks), self._tokens, self._kv_bytes, used)
+
+    def _settle(self, key: bytes, tokens: int | None = None, nbytes: int = 0) -> None:
+        """Records that ``key`` was written (``tokens`` given) or went, and finds the
+        chunks diskcache culled meanwhile to keep its budget: it says which only by
+        its count falling, so the keys are listed then, on eviction, not per scrape.
+        The culled keys' index rows are dropped; ``take_culled`` hands them over."""
+        with self._lock:
+            had = key in self._chunks
+            if tokens is None:
+                self._discard(key)
+            else:
+                self._add(key, tokens, nbytes)
+            expected = self._n_blobs + (tokens is not None and not had) - (tokens is None and had)
+            self._n_blobs = len(self._blobs)
+            if self._n_blobs < expected:
+                culled = set(self._chunks) - self.present()
+                for gone in culled:
+                    self._discard(gone)
+                self._index.delete(culled)
+                self._culled |= culled
+            self._publish()
+
+    def take_culled(self) -> set[bytes]:
+        """The keys diskcache culled since the last call (their blobs are gone)."""
+        with self._lock:
+            culled, self._culled = self._culled, set()
+        return culled
 
     def writable(self) -> bool:
         """Whether a small file can be written and synced here now (the way back
@@ -184,8 +323,10 @@ class DiskTier:
         return True
 
     def rows(self) -> Iterator[IndexRow]:
-        """Every indexed chunk of this fingerprint (no blob is read)."""
-        return self._index.rows(self._fp)
+        """Every indexed chunk of this fingerprint whose blob is there (none is read)."""
+        for row in self._index.rows(self._fp):
+            if row.key in self._chunks:
+                yield row
 
     def put(self, row: IndexRow, payload: bytes | memoryview) -> bytes:
         """Encodes one chunk (header, zstd, checksum: ``_codec``) and writes it through;
@@ -195,9 +336,11 @@ class DiskTier:
             self._blobs.set(row.key.hex(), record)
             self._index.put(self._fp, row)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            self._settle(row.key)  # whatever of it landed is counted, the chunk is not
             if _is_disk_full(exc) or _is_unwritable(exc):
                 raise disk_problem(self.directory, exc) from exc
             raise CacheError(f"cannot write chunk {row.key.hex()}: {exc}") from exc
+        self._settle(row.key, len(row.tokens), row.nbytes)
         return row.key
 
     def read_into(self, key: bytes, out: np.ndarray) -> int | None:
@@ -217,7 +360,10 @@ class DiskTier:
         try:
             with handle:
                 header = _codec.read_header(handle.read(_codec.HEADER_BYTES))
-                return _codec.read_into(handle, header, self._fp, key, out)
+                n = _codec.read_into(handle, header, self._fp, key, out)
+            with self._lock:
+                self._publish()  # the read moved the chunk up diskcache's LRU: a write
+            return n
         except (CacheError, OSError) as exc:
             self.delete(key)
             if isinstance(exc, CacheError):
@@ -240,30 +386,32 @@ class DiskTier:
 
     def _drop_row(self, key: bytes) -> None:
         self._index.delete((key,))
+        self._settle(key)
 
     def volume(self) -> int:
         return int(self._blobs.volume())
 
     def present(self) -> set[bytes]:
-        """Keys whose blob really exists now: diskcache's LRU culls blobs to stay in
-        budget without telling the index, so the index alone overstates the tier."""
+        """Keys whose blob really exists now (a listing: at open and after a cull)."""
         return {bytes.fromhex(k) for k in self._blobs.iterkeys() if isinstance(k, str)}
 
     def bytes_on_disk(self) -> int:
-        """Bytes the cache directory really occupies (allocated blocks of every file)."""
-        total = 0
-        for root, _dirs, files in os.walk(self.directory):
-            for name in files:
-                try:
-                    info = os.lstat(os.path.join(root, name))
-                except FileNotFoundError:  # culled while we walked
-                    continue
-                total += getattr(info, "st_blocks", 0) * 512 or info.st_size
-        return total
+        """Bytes the cache directory really occupies, by walking it (``usage`` is the
+        same figure, counted; this is the check)."""
+        return sum(
+            _allocated(os.path.join(root, name))
+            for root, _dirs, files in os.walk(self.directory)
+            for name in files
+        )
 
     def clear(self) -> None:
         self._blobs.clear(retry=True)
         self._index.clear()
+        with self._lock:
+            self._chunks.clear()
+            self._tokens = self._kv_bytes = 0
+            self._n_blobs = len(self._blobs)
+            self._publish()
 
     def close(self) -> None:
         self._blobs.close()

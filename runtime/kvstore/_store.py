@@ -16,7 +16,6 @@ worker thread while the transfer worker writes to disk.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CacheError, DiskFull, DiskUnavailable
-from ._disk import DiskTier
+from ._disk import DiskTier, DiskUsage
 from ._index import unshared
 from ._keys import chunk_key, root_key
 from ._ledger import Ledger, Record
@@ -314,6 +313,7 @@ class TieredStore:
                 self.counters["disk_full"] += 1
             self._degrade(str(problem))
         ok = problem is None
+        culled = self.disk.take_culled() if self.disk is not None else set()
         with self._lock:
             record.pins = max(0, record.pins - 1)
             record.on_disk = record.on_disk or ok
@@ -322,6 +322,7 @@ class TieredStore:
                 self.ledger.remove(record.key)
             elif record.doomed and not record.pins:
                 self._forget(record)
+            self._forget_culled(culled)
 
     # room and forgetting -----------------------------------------------------
     def _alloc_slot(self) -> int | None:
@@ -427,22 +428,27 @@ class TieredStore:
                 return None
             return True
 
+    def _forget_culled(self, culled: set[bytes]) -> None:
+        """Chunks whose blob diskcache culled are no longer on disk (lock held); one
+        being read finds its blob gone and is dropped then (see read)."""
+        for key in culled:
+            record = self.ledger.get(key)
+            if record is not None and record.on_disk and not record.pins:
+                record.on_disk = False
+                if record.slot is None:
+                    self.ledger.remove(record.key)
+
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every chunk captured so far is on disk and every deletion asked
         for so far is done; False when ``timeout`` ran out first."""
         return self.transfers.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """Counts from what is really there: the disk figures come from the blobs on
-        disk (after diskcache's evictions), not from what was once written."""
-        present, used = set(), 0
-        if self.disk is not None:
-            try:
-                present, used = self.disk.present(), self.disk.bytes_on_disk()
-            except (OSError, sqlite3.Error) as exc:  # a damaged tier: its figures are unknown
-                log.debug("disk tier figures unavailable: %s", exc)
+        """Counts from what is really there: the disk figures are the disk tier's own
+        counts, kept as it writes, culls and deletes (no listing, no walk here)."""
+        disk = self.disk.usage if self.disk is not None else DiskUsage()
+        pool = self.pool
         with self._lock:
-            self._forget_culled(present)
             records = list(self.ledger.records.values())
             ram = [r for r in records if r.slot is not None]
             out: dict[str, Any] = {
@@ -451,18 +457,18 @@ class TieredStore:
                     "chunks": len(ram),
                     "tokens": sum(len(r.tokens) for r in ram),
                     "used_bytes": sum(r.nbytes for r in ram),
-                    "capacity_bytes": self.pool.capacity_bytes if self.pool else 0,
-                    "limit_bytes": self.pool.limit_bytes if self.pool else 0,
-                    "resident_bytes": self.pool.resident_bytes if self.pool else 0,
-                    "returnable": self.pool.returnable if self.pool else False,
-                    "slots": self.pool.n_slots if self.pool else 0,
-                    "memory": self.pool.memory_kind if self.pool else "none",
+                    "capacity_bytes": pool.capacity_bytes if pool else 0,
+                    "limit_bytes": pool.limit_bytes if pool else 0,
+                    "resident_bytes": pool.resident_bytes if pool else 0,
+                    "returnable": pool.returnable if pool else False,
+                    "slots": pool.n_slots if pool else 0,
+                    "memory": pool.memory_kind if pool else "none",
                 },
                 "disk": {
-                    "chunks": sum(1 for r in records if r.on_disk),
-                    "tokens": sum(len(r.tokens) for r in records if r.on_disk),
-                    "kv_bytes": sum(r.nbytes for r in records if r.on_disk),
-                    "used_bytes": used,
+                    "chunks": disk.chunks,
+                    "tokens": disk.tokens,
+                    "kv_bytes": disk.kv_bytes,
+                    "used_bytes": disk.used_bytes,
                     "degraded": self.disk_degraded,
                     "degraded_reason": self.degraded_reason,
                 },
@@ -470,14 +476,6 @@ class TieredStore:
             }
             out.update(self.counters)
             return out
-
-    def _forget_culled(self, present: set[bytes]) -> None:
-        """Records whose blob diskcache evicted are no longer on disk (lock held)."""
-        for record in list(self.ledger.records.values()):
-            if record.on_disk and record.key not in present and not record.pins:
-                record.on_disk = False
-                if record.slot is None:
-                    self.ledger.remove(record.key)
 
     def clear(self) -> None:
         self.flush()
