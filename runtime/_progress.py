@@ -51,3 +51,28 @@ class Bar:
     ) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class ProgressLine:
+    """A calibration progress callback ``(what, done 0..1)``: a rich bar on a terminal,
+    log lines only when ``stream`` is not one (no carriage returns in logs). With
+    ``lines`` (doctor's), off a terminal each step is a plain line of ``stream``:
+    someone is waiting for that output, and a minute of silence looks like a hang."""
+
+    def __init__(self, stream: TextIO, lines: bool = False) -> None:
+        self._bar = Bar("calibrating", 1.0, stream)
+        self._started = False
+        self._stream = stream if lines and not stream.isatty() else None
+
+    def __call__(self, what: str, done: float) -> None:
+        if self._stream is not None:
+            print(f"calibrating: {what} ({min(max(done, 0.0), 1.0):.0%})", file=self._stream)
+            self._stream.flush()
+            return
+        if not self._started:
+            self._bar.__enter__()
+            self._started = True
+        self._bar.update(min(max(done, 0.0), 1.0), what)
+        if done >= 1.0:
+            self._bar.__exit__(None, None, None)
+            self._started = False

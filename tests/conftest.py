@@ -41,7 +41,7 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def model_path() -> Path:
     """SmolLM2-135M from its PyPI wheel, verified; shared by every test run here."""
     from warmstart.runtime.engine._smoke import choose_extra_buffers
-    from warmstart.runtime.models import DigestCache, ModelManager
+    from warmstart.runtime.models._manager import DigestCache, ModelManager
 
     path = ModelManager(MODELS_DIR).pull("default")
     digest = DigestCache(MODELS_DIR.parent / "digests.json").digest(path)
@@ -91,8 +91,8 @@ def fake_runtime(  # type: ignore[no-untyped-def]
     data_dir: Path, options: object = None, runtime_class: object = None, **overrides: object
 ):
     """``LocalRuntime`` (or ``runtime_class``) over the fake engine (runtime/engine/_fake.py)."""
-    from warmstart.runtime.core import LocalRuntime
-    from warmstart.runtime.factory import open_fake_runtime
+    from warmstart.runtime.serving._core import LocalRuntime
+    from warmstart.runtime.serving._factory import open_fake_runtime
 
     settings = fake_settings(data_dir, **overrides)
     return open_fake_runtime(settings, options, runtime_class or LocalRuntime)  # type: ignore[arg-type]
@@ -107,8 +107,8 @@ def seed_extra_buffer_verdicts(data_dir: Path) -> None:
 
 @pytest.fixture
 def make_runtime(tmp_path: Path, model_path: Path) -> Iterator:  # type: ignore[type-arg]
-    from warmstart.runtime.core import LocalRuntime
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._core import LocalRuntime
+    from warmstart.runtime.serving._factory import build_runtime
 
     opened: list[LocalRuntime] = []
 

@@ -1,4 +1,4 @@
-"""Admission's rules (runtime/_admit.py), without a model: the real runtime over the
+"""Admission's rules (runtime/serving/_admit.py), without a model: the real runtime over the
 fake engine, which admits as it does over llama.cpp."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from warmstart.runtime._admit import check_fits, check_request
-from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import ContextOverflow, RequestError
+from warmstart.runtime.serving._admit import check_fits, check_request
+from warmstart.runtime.serving._core import LocalRuntime
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
 
 from tests.conftest import fake_runtime

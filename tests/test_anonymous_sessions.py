@@ -8,7 +8,7 @@ from pathlib import Path
 
 from warmstart.runtime import _sqlite
 from warmstart.runtime.engine._fake import FakeOptions
-from warmstart.runtime.sessions import MIGRATIONS, SessionBook, derived_session_id
+from warmstart.runtime.serving._sessions import MIGRATIONS, SessionBook, derived_session_id
 from warmstart.runtime.types import Message, Request
 
 from tests.conftest import fake_runtime

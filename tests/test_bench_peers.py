@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmstart.runtime import _peers, bench_peers
-from warmstart.runtime._peers import Reply, TracePlan, TraceResult
+from warmstart.runtime.bench import _bench_peers as bench_peers
+from warmstart.runtime.bench import _peers as _peers
+from warmstart.runtime.bench._peers import Reply, TracePlan, TraceResult
 
 
 def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> None:

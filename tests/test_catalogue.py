@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.catalogue import available_rows, fit, load_catalogue
 from warmstart.runtime.errors import ModelError
 from warmstart.runtime.hardware import MemoryInfo
+from warmstart.runtime.models._catalogue import available_rows, fit, load_catalogue
 
 from tests.hardware.machines import LAPTOP, LLAMA_8B, MAC_M2, RTX4090, SMALL_GPU
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from warmstart.runtime._lines import TurnReader, waiting_on
+from warmstart.runtime.cli._lines import TurnReader, waiting_on
 
 
 class Typed:

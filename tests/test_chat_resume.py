@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from warmstart.runtime.chat import ChatLoop
-from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.cli._chat import ChatLoop
 from warmstart.runtime.engine._fake import FakeOptions
+from warmstart.runtime.serving._core import LocalRuntime
 from warmstart.runtime.types import Done, Message, Request
 
 from tests.conftest import fake_runtime

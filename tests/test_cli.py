@@ -145,7 +145,7 @@ def test_bad_setting_is_a_clear_error(cli) -> None:  # type: ignore[no-untyped-d
 
 
 def test_app_options_reach_the_app(capsys: pytest.CaptureFixture[str]) -> None:
-    from warmstart.runtime.cli import main
+    from warmstart.runtime.cli._main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["app", "--theme", "dark", "--help"])

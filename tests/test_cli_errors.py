@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.errors import ConfigError
-from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.serving._sessions import SessionBook
 from warmstart.runtime.types import Message
 
 from tests.conftest import chat
@@ -40,7 +40,7 @@ def no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_version_is_on_the_top_level_parser(capsys: pytest.CaptureFixture[str]) -> None:
-    from warmstart.runtime.cli import main
+    from warmstart.runtime.cli._main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
@@ -113,7 +113,7 @@ def test_sessions_list_into_head_exits_0_without_a_traceback(no_user_config: Pat
 def test_close_right_after_start_stops_prewarm_quietly(
     make_runtime, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
-    from warmstart.runtime.factory import start_prewarm
+    from warmstart.runtime.serving._factory import start_prewarm
 
     first = make_runtime()
     for i in range(4):

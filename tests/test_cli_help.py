@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmstart.runtime._flags import GROUPS
-from warmstart.runtime.cli import build_parser
+from warmstart.runtime.cli._flags import GROUPS
+from warmstart.runtime.cli._main import build_parser
 from warmstart.runtime.settings import Settings
 
 
@@ -107,7 +107,7 @@ def test_the_pyside6_hint_names_this_interpreters_pip(
 ) -> None:
     import importlib.util
 
-    from warmstart.runtime import cli
+    from warmstart.runtime.cli import _main as cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -14,7 +14,7 @@ import pytest
 from warmstart.runtime import _sqlite
 from warmstart.runtime._private import private_tree
 from warmstart.runtime.errors import CacheError, RequestError
-from warmstart.runtime.sessions import (
+from warmstart.runtime.serving._sessions import (
     MAX_SESSION_ID,
     SessionBook,
     check_session_id,
@@ -31,7 +31,7 @@ def mode(path: Path) -> int:
 
 
 def test_every_loose_file_and_folder_warmstart_keeps_is_tightened(tmp_path: Path) -> None:
-    from warmstart.runtime.factory import DATA_ENTRIES
+    from warmstart.runtime.serving._factory import DATA_ENTRIES
 
     data = tmp_path / "data"
     chunk = data / "cache" / "blobs" / "ab" / "cd" / "0123.val"
@@ -68,8 +68,8 @@ def test_every_loose_file_and_folder_warmstart_keeps_is_tightened(tmp_path: Path
 
 @pytest.mark.usefixtures("clean_settings")
 def test_opening_a_runtime_tightens_its_directories_first(tmp_path: Path) -> None:
-    from warmstart.runtime import factory
     from warmstart.runtime.errors import ModelError
+    from warmstart.runtime.serving import _factory as factory
     from warmstart.runtime.settings import load_settings
 
     data, cache = tmp_path / "data", tmp_path / "cache"

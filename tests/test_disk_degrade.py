@@ -106,7 +106,7 @@ def test_calibration_skips_the_disk_file_when_space_is_short(tmpfs: Mount) -> No
 def test_damaged_cache_serves_from_ram_and_cache_clear_resets_it(
     make_runtime, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
-    from warmstart.runtime.cli import main
+    from warmstart.runtime.cli._main import main
 
     cache = tmp_path / "cache"
     (cache / "blobs").mkdir(parents=True)

@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from warmstart.runtime.doctor import ProgressLine, doctor_report, render_doctor
+from warmstart.runtime.cli._doctor import ProgressLine, doctor_report, render_doctor
 from warmstart.runtime.engine._smoke import ExtraBuffers
 from warmstart.runtime.hardware import HardwareProfile
 from warmstart.runtime.policy import choose

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from warmstart.runtime._embed_queue import MAX_EMBED_TOKENS
 from warmstart.runtime.errors import Busy, Cancelled, RequestError, WarmstartError
-from warmstart.runtime.service import Runtime
+from warmstart.runtime.serving._service import Runtime
 from warmstart.runtime.types import Message, Request, Sampling
 
 # Minutes of work on the real model on two cores, tens of seconds on the fake.
@@ -30,7 +30,7 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]
         options = FakeOptions(prefill_delay=1e-3)
         rt: Runtime = fake_runtime(tmp_path, options, n_ctx=512, max_queue=1)
     else:
-        from warmstart.runtime.factory import build_runtime
+        from warmstart.runtime.serving._factory import build_runtime
 
         from tests.conftest import small_settings
 

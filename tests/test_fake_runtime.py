@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import Busy, ContextOverflow, RequestError
-from warmstart.runtime.service import Runtime
-from warmstart.runtime.streams import QueueStream
+from warmstart.runtime.serving._core import LocalRuntime
+from warmstart.runtime.serving._service import Runtime
+from warmstart.runtime.serving._streams import QueueStream
 from warmstart.runtime.types import Done, Message, Report, Request, Sampling, Stream, Token
 
 from tests.conftest import fake_runtime

@@ -47,7 +47,7 @@ def test_one_layer_of_the_8b_geometry_loads_with_its_shapes(tmp_path: Path) -> N
 
 
 def test_the_tiny_synthetic_model_answers_on_the_cpu(tmp_path: Path) -> None:
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     path = synth_gguf.write(tmp_path / "tiny.gguf", synth_gguf.GEOMETRIES["tiny"])
     settings = small_settings(tmp_path / "data", path, n_ctx=512, extra_buffers="off")

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from warmstart.runtime import _grammar_limits as limits
-from warmstart.runtime._grammar_limits import grammar_problem, schema_problem
+from warmstart.runtime.engine import _grammar_limits as limits
+from warmstart.runtime.engine._grammar_limits import grammar_problem, schema_problem
+from warmstart.runtime.engine._grammars import json_schema_grammar
 from warmstart.runtime.errors import RequestError
-from warmstart.runtime.grammars import json_schema_grammar
 
 
 def _nested(depth: int) -> dict[str, Any]:

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import pytest
+from warmstart.runtime.engine._grammars import (
+    ignored_keyword,
+    json_object_grammar,
+    json_schema_grammar,
+)
 from warmstart.runtime.errors import RequestError
-from warmstart.runtime.grammars import ignored_keyword, json_object_grammar, json_schema_grammar
 
 
 def test_a_schema_becomes_a_grammar_with_a_root_rule() -> None:

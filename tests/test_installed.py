@@ -7,17 +7,17 @@ import re
 from pathlib import Path
 
 import pytest
-from warmstart.runtime import _gguf
-from warmstart.runtime.catalogue import load_catalogue
 from warmstart.runtime.errors import ModelError
-from warmstart.runtime.installed import (
+from warmstart.runtime.models import _gguf as _gguf
+from warmstart.runtime.models._catalogue import load_catalogue
+from warmstart.runtime.models._installed import (
     MetadataCache,
     describe,
     installed_paths,
     list_installed,
     model_name,
 )
-from warmstart.runtime.models import DEFAULT
+from warmstart.runtime.models._manager import DEFAULT
 
 from tests.gguf_files import tiny_model
 
@@ -97,7 +97,7 @@ def test_the_listing_names_every_gguf_and_keeps_a_damaged_one(tmp_path: Path) ->
 def test_headers_are_read_once_per_file_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from warmstart.runtime import installed
+    from warmstart.runtime.models import _installed as installed
 
     reads: list[Path] = []
     real = installed.read_header
@@ -118,7 +118,7 @@ def test_headers_are_read_once_per_file_version(
 
 
 def test_a_listed_name_resolves_and_removes(tmp_path: Path) -> None:
-    from warmstart.runtime.models import ModelManager
+    from warmstart.runtime.models._manager import ModelManager
 
     models = tmp_path / "models"
     models.mkdir()
@@ -133,9 +133,9 @@ def test_a_listed_name_resolves_and_removes(tmp_path: Path) -> None:
 def test_one_function_names_a_model_for_every_listing(tmp_path: Path) -> None:
     """``models list``, the API's listings and the app's picker all name a file by
     ``model_name``: "default" is an alias that resolves, never a listed name."""
-    from warmstart.runtime.catalogue import available_rows, fit
     from warmstart.runtime.hardware import probe
-    from warmstart.runtime.models import KNOWN, ModelManager, with_default
+    from warmstart.runtime.models._catalogue import available_rows, fit
+    from warmstart.runtime.models._manager import KNOWN, ModelManager, with_default
 
     models = tmp_path / "models"
     models.mkdir()
@@ -156,8 +156,8 @@ def test_one_function_names_a_model_for_every_listing(tmp_path: Path) -> None:
 def test_an_installed_files_memory_need_comes_from_its_header(model_path: Path) -> None:
     """The picker's fit for a file outside the catalogue: counted as the catalogue
     counts its entries (the default model's entry and its file agree)."""
-    from warmstart.runtime.installed import kv_bytes_per_token, needs_bytes
-    from warmstart.runtime.models import default_entry
+    from warmstart.runtime.models._installed import kv_bytes_per_token, needs_bytes
+    from warmstart.runtime.models._manager import default_entry
 
     entry = default_entry()
     assert kv_bytes_per_token(_gguf.read_header(model_path)) == entry.kv_bytes_per_token

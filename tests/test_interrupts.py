@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.serving._sessions import SessionBook
 
 pytestmark = pytest.mark.slow
 LONG = "Count from 1 to 500, one number per line."

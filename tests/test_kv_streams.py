@@ -43,8 +43,8 @@ def _prompt_of(rt, words: list[str], tokens: int) -> tuple[str, int]:  # type: i
 
 
 def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def]
-    from warmstart.runtime._pipeline import TAIL_TOKENS
     from warmstart.runtime.kvstore._keys import batch_cuts
+    from warmstart.runtime.serving._pipeline import TAIL_TOKENS
 
     rt.wait_idle()
     ids, anchor = rt.engine.prompt_ids(request)
@@ -92,7 +92,7 @@ def _ask(rt, request: Request) -> str:  # type: ignore[no-untyped-def]
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from warmstart.runtime.factory import build_runtime
+from warmstart.runtime.serving._factory import build_runtime
 from warmstart.runtime.types import Message
 from tests.conftest import chat, small_settings, SYSTEM
 rt = build_runtime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
@@ -109,7 +109,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_greedy_replies_with_the_cache_equal_no_cache(  # type: ignore[no-untyped-def]
     make_runtime, tmp_path, model_path
 ) -> None:
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     oracle = make_runtime(tmp_path / "oracle", no_cache=True)
     data = tmp_path / "cached"

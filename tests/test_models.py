@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.errors import ModelError, ModelNotFound
-from warmstart.runtime.models import DEFAULT, DigestCache, ModelManager, file_sha256
+from warmstart.runtime.models._manager import DEFAULT, DigestCache, ModelManager, file_sha256
 
 
 def test_default_model_is_pulled_once_and_verified(model_path: Path) -> None:

@@ -4,7 +4,7 @@ background, within the pool, and the first request does not wait for it."""
 from __future__ import annotations
 
 import pytest
-from warmstart.runtime.factory import start_prewarm
+from warmstart.runtime.serving._factory import start_prewarm
 
 from tests.conftest import chat
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from warmstart.runtime import pull
 from warmstart.runtime.errors import Cancelled, ModelError, ModelNotFound
-from warmstart.runtime.models import DEFAULT, KNOWN, KnownModel, ModelManager, file_sha256
+from warmstart.runtime.models import _pull as pull
+from warmstart.runtime.models._manager import DEFAULT, KNOWN, KnownModel, ModelManager, file_sha256
 
 from tests.hubfake import Hub, serve_hub
 
@@ -50,7 +50,7 @@ def test_catalogue_pull_verifies_and_the_model_answers(
     assert file_sha256(path) == DEFAULT.sha256 and not list(path.parent.glob("*.part"))
     assert manager.pull("tiny") == path and len(hub.ranges) == 1  # kept: no second download
     assert [m["name"] for m in manager.list()] == ["tiny"]
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     from tests.conftest import chat, small_settings
 

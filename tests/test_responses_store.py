@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from warmstart.runtime import _sqlite
-from warmstart.runtime.sessions import MIGRATIONS, SessionBook
+from warmstart.runtime.serving._sessions import MIGRATIONS, SessionBook
 from warmstart.runtime.types import Message, StoredResponse, ToolCall
 
 TURNS = (

@@ -108,7 +108,7 @@ def test_greedy_replies_identical_with_and_without_cache(make_runtime) -> None: 
 def test_swa_model_is_restored_correctly_or_recomputed(tmp_path, gemma_path) -> None:  # type: ignore[no-untyped-def]
     """Gemma 3 has sliding-window layers (n_swa 512). The prompt is longer than the
     window, where a truncated whole-sequence snapshot would load and be wrong."""
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     from tests.conftest import small_settings
 
@@ -137,7 +137,7 @@ FRESH = """
 import sys
 from pathlib import Path
 import numpy as np
-from warmstart.runtime.factory import build_runtime
+from warmstart.runtime.serving._factory import build_runtime
 from tests.conftest import chat, small_settings
 rt = build_runtime(small_settings(Path(sys.argv[1]), Path(sys.argv[2])))
 logits, report = rt.prompt_logits(chat(sys.argv[3]))

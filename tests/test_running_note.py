@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmstart.runtime._running import (
+from warmstart.runtime.cli._remote import Server
+from warmstart.runtime.cli._running import (
     Running,
     introduction,
     note_path,
@@ -18,7 +19,6 @@ from warmstart.runtime._running import (
     remove_note,
     write_note,
 )
-from warmstart.runtime.remote import Server
 from warmstart.runtime.settings import load_settings
 
 from tests.api.conftest import free_port

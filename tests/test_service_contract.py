@@ -1,4 +1,4 @@
-"""Every Runtime (runtime/service.py) keeps the same contract: LocalRuntime over the
+"""Every Runtime (runtime/serving/_service.py) keeps the same contract: LocalRuntime over the
 real model, and over the fake engine that ships with the library for the layers
 above (the same runtime: queue, sessions, store, stats and rules)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.errors import ContextOverflow, RequestError, WarmstartError
-from warmstart.runtime.service import Runtime
+from warmstart.runtime.serving._service import Runtime
 from warmstart.runtime.types import Done, Message, Request, Sampling, StoredResponse, Token
 
 
@@ -21,7 +21,7 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]
 
         rt: Runtime = fake_runtime(tmp_path, n_ctx=512)
     else:
-        from warmstart.runtime.factory import build_runtime
+        from warmstart.runtime.serving._factory import build_runtime
 
         from tests.conftest import small_settings
 

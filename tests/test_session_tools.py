@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.serving._sessions import SessionBook
 from warmstart.runtime.types import Message, ToolCall
 
 TURNS = (

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from warmstart.runtime import bench
+from warmstart.runtime.bench import _bench as bench
 from warmstart.runtime.engine._engine import LlamaEngine
-from warmstart.runtime.factory import layout_from_json, layout_to_json
+from warmstart.runtime.serving._factory import layout_from_json, layout_to_json
 
 from tests.conftest import chat, small_settings
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_settings")]
 def test_a_calibrated_start_measures_no_kv_layout(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from warmstart.runtime.factory import open_runtime
+    from warmstart.runtime.serving._factory import open_runtime
 
     settings = small_settings(tmp_path, model_path, prewarm_sessions=0)
     question = chat("Name a colour. One word.", max_tokens=4)
@@ -43,7 +43,7 @@ def test_a_calibrated_start_measures_no_kv_layout(
 def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
     import json
 
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     with build_runtime(small_settings(tmp_path, model_path)) as rt:
         caches = rt.engine.layout.caches
@@ -54,7 +54,7 @@ def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
 def test_cli_args_reproduce_the_settings(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from warmstart.runtime.cli import build_parser, settings_from
+    from warmstart.runtime.cli._main import build_parser, settings_from
 
     settings = small_settings(
         tmp_path, model_path, cors_origins=("http://a", "http://b"), no_cache=True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmstart.runtime._stats_text import render_stats
+from warmstart.runtime.cli._stats_text import render_stats
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.types import Message, Request
 

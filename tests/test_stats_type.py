@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from warmstart.runtime._stats import DiskStats, LiveStats, MemoryStats, QueueStats, Stats
 from warmstart.runtime.engine._fake import FakeOptions
+from warmstart.runtime.serving._stats import DiskStats, LiveStats, MemoryStats, QueueStats, Stats
 from warmstart.runtime.types import TIERS, Message, Request
 
 from tests.conftest import fake_runtime

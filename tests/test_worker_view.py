@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from warmstart.runtime._stats import Stats
-from warmstart.runtime.core import LocalRuntime
+from warmstart.runtime.serving._core import LocalRuntime
+from warmstart.runtime.serving._stats import Stats
 
 from tests.conftest import chat
 

@@ -110,10 +110,8 @@ class LocalModels:
 
     def listing(self) -> LocalListing:
         """Slow (probes the machine, reads headers): call it on a worker thread."""
-        from ...runtime.catalogue import fit, fit_bytes
         from ...runtime.hardware import probe
-        from ...runtime.installed import installed_paths, needs_bytes
-        from ...runtime.models import with_default
+        from ...runtime.models import fit, fit_bytes, installed_paths, needs_bytes, with_default
 
         profile = probe(self.cache_dir)
         rows = []
@@ -134,7 +132,7 @@ class LocalModels:
         """Pulls ``name`` (resuming a partial file); blocks: call it on a worker thread.
         Setting ``cancel`` stops it at the next block with :class:`DownloadCancelled`."""
         from ...runtime.errors import Cancelled, WarmstartError
-        from ...runtime.pull import Watch
+        from ...runtime.models import Watch
 
         try:
             return self.manager.pull(name, progress=False, watch=Watch(progress, cancel))

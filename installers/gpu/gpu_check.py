@@ -130,7 +130,7 @@ def verdicts_section(model: Path, data_dir: Path, n_gpu_layers: int = -1) -> dic
     """The product's own verdicts for ``model``, cached in ``data_dir`` for the rest."""
     from warmstart.runtime.engine._loader import choose_loader, gpu_offload_supported
     from warmstart.runtime.engine._smoke import choose_extra_buffers
-    from warmstart.runtime.models import DigestCache
+    from warmstart.runtime.models._manager import DigestCache
 
     data_dir.mkdir(parents=True, exist_ok=True)
     digest = DigestCache(data_dir / "digests.json").digest(model)
@@ -173,7 +173,7 @@ def loads_section(
 
 
 def _runtime(model: Path, data_dir: Path, **settings: Any) -> Any:
-    from warmstart.runtime.factory import open_runtime
+    from warmstart.runtime.serving._factory import open_runtime
     from warmstart.runtime.settings import load_settings
 
     s = load_settings(model=str(model), data_dir=data_dir, prewarm_sessions=0, **settings)
@@ -182,7 +182,7 @@ def _runtime(model: Path, data_dir: Path, **settings: Any) -> Any:
 
 def sweep_section(model: Path, data_dir: Path, lengths: tuple[int, ...]) -> dict[str, Any]:
     """Restore and recompute timed at each prefix length, fully offloaded."""
-    from warmstart.runtime import bench
+    from warmstart.runtime.bench import _bench as bench
 
     rt = _runtime(model, data_dir, n_ctx=max(lengths) + 256, resident_sequences=2)
     try:

@@ -16,9 +16,9 @@ import sys
 import tempfile
 
 from .._private import restrict_umask
-from ..engine._fake import FakeOptions
+from ..engine import FakeOptions
 from ..errors import ConfigError
-from ..factory import open_fake_runtime
+from ..serving import open_fake_runtime
 from ..settings import load_settings
 from ._server import serve
 

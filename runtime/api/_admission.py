@@ -1,5 +1,5 @@
 """Every generating route's last step before the runtime: the request admitted once
-(runtime/_admit.py), with its reply budget sized from the admitted prompt."""
+(runtime/serving/_admit.py), with its reply budget sized from the admitted prompt."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import anyio.to_thread
 
-from .._admit import Admitted
-from ..service import Runtime
+from ..serving import Admitted, Runtime
 from ..types import Request
 from ._errors import APIError
 from ._schemas import DEFAULT_MAX_TOKENS

@@ -15,8 +15,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .._admit import check_request
 from ..errors import ContextOverflow
+from ..serving import check_request
 from ._admission import admit_sized
 from ._anthropic_schemas import CountTokensRequest, MessagesRequest
 from ._anthropic_stream import MessageShape, MessagesSSEResponse

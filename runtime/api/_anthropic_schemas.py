@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..engine import json_schema_grammar
 from ..errors import RequestError
-from ..grammars import json_schema_grammar
 from ..types import Message, Request, Sampling, Tool, ToolCall
 from ._schemas import FUNCTION_NAME, SESSION_ID, JSONObject, Text, _Body, _only
 
@@ -268,7 +268,7 @@ class MessagesRequest(_Conversation):
     stream: bool = False
     # Anthropic's own range, narrower than warmstart's (its clients expect 0 to 1)
     temperature: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    # their bounds are runtime/_admit.py's (check_request)
+    # their bounds are runtime/serving/_admit.py's (check_request)
     top_p: float = Field(1.0, allow_inf_nan=False)
     top_k: int = Field(0, description="0: off")
     metadata: Metadata | None = None

@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from ..engine._tools import arguments_value
+from ..engine import arguments_value
 from ..types import Done, Report, Stream, Token, ToolCall
 from ..types import Message as ChatMessage
 from ._middleware import ErrorBodyMiddleware

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from ..service import Runtime
+from ..serving import Runtime
 from ..settings import Settings
 from . import (
     _anthropic,

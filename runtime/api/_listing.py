@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..installed import InstalledModel, describe
-from ..models import DigestCache
+from ..models import DigestCache, InstalledModel, describe
 from ._state import AppState
 
 

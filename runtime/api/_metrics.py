@@ -3,7 +3,7 @@
 Two sources: the HTTP layer counts requests and observes each reply's Report
 (tokens, TTFT, restore and prefill times, hits per tier); tier usage, evictions and
 the queue are read from ``runtime.stats()`` at scrape time, so the runtime stays the
-one owner of those numbers. Its shape is one (runtime/_stats.py): a figure a runtime
+one owner of those numbers. Its shape is one (runtime/serving/_stats.py): a figure a runtime
 does not have (no RAM pool, no disk tier) is absent, and its metric with it.
 """
 
@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._stats import Stats
+from ..serving import Stats
 from ..types import TIERS, Report
 
 log = logging.getLogger(__name__)

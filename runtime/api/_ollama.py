@@ -15,9 +15,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .._admit import Admitted, check_request, check_sampling
 from ..errors import ContextOverflow
-from ..service import Runtime
+from ..serving import Admitted, Runtime, check_request, check_sampling
 from ..types import Report
 from ..types import Request as RuntimeRequest
 from . import _embeddings

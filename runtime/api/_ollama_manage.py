@@ -2,7 +2,7 @@
 /api/delete, /api/copy, and ``keep_alive`` after each reply.
 
 A pull is ``warmstart models pull``: the same ModelManager and downloads
-(runtime/pull.py: resumable, space-checked, SHA-256 verified), for the names it
+(runtime/models/_pull.py: resumable, space-checked, SHA-256 verified), for the names it
 takes from a client here: catalogue names and ``hf:OWNER/REPO/FILE.gguf`` (not
 URLs: a server asked to fetch any URL is a proxy for whoever can reach it). A
 client that leaves mid-pull stops the download at its next block; the ``.part``
@@ -28,10 +28,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
-from .. import pull as _pull
 from ..errors import ModelNotFound, WarmstartError
-from ..installed import installed_paths
-from ..models import KNOWN, ModelManager, known_names
+from ..models import KNOWN, ModelManager, Watch, installed_paths, known_names
 from ._errors import APIError, unsupported
 from ._ollama_body import Body
 from ._ollama_models import untagged
@@ -132,7 +130,7 @@ class _Progress:
     def __init__(self, digest: str) -> None:
         self.digest = digest
         self.lines: queue.Queue[dict[str, Any] | BaseException | Path] = queue.Queue()
-        self.watch = _pull.Watch(progress=self.update)
+        self.watch = Watch(progress=self.update)
         self._shown = -1.0
 
     def update(self, done: int, total: int | None) -> None:

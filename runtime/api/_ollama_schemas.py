@@ -15,8 +15,8 @@ from typing import Annotated, Any, cast
 from pydantic import Field
 
 from .._embed_queue import MAX_EMBED_INPUTS
+from ..engine import json_object_grammar, json_schema_grammar
 from ..errors import RequestError
-from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Role, Sampling
 from ._errors import unsupported
 from ._keep_alive import KeepAliveValue, keep_alive_seconds
@@ -31,7 +31,7 @@ OLLAMA_TOP_P = 0.9
 
 class Options(_Body):
     """The options warmstart honours; any other is refused by name. Their values'
-    bounds are runtime/_admit.py's, as on /v1."""
+    bounds are runtime/serving/_admit.py's, as on /v1."""
 
     temperature: float | None = Field(None, allow_inf_nan=False)
     top_p: float | None = Field(None, allow_inf_nan=False)
@@ -68,7 +68,7 @@ class Options(_Body):
 
 
 class OllamaMessage(_Body):
-    # which roles there are is runtime/_admit.py's rule (check_request), as on /v1
+    # which roles there are is runtime/serving/_admit.py's rule (check_request), as on /v1
     role: Text = Field(..., description="system, user, assistant or tool")
     content: Text = ""
     images: list[Any] | None = Field(None, description="refused unless empty")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ..engine._tools import arguments_value
+from ..engine import arguments_value
 from ..types import Tool, ToolCall
 from ._ollama_body import Body
 from ._schemas import FUNCTION_NAME, JSONObject, Text

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator
 
-from .._admit import check_request
 from ..errors import ContextOverflow
-from ..installed import OWNER
+from ..models import OWNER
+from ..serving import check_request
 from ..types import Stream
 from ._admission import admit_sized
 from ._errors import APIError, from_runtime

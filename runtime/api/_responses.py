@@ -18,8 +18,8 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator
 
-from .._admit import check_request
 from ..errors import ContextOverflow
+from ..serving import check_request
 from ..types import Message, Report, StoredResponse
 from ._admission import admit_sized
 from ._errors import APIError, from_runtime

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
+from ..engine import json_object_grammar, json_schema_grammar
 from ..errors import RequestError
-from ..grammars import json_object_grammar, json_schema_grammar
 from ..types import Message, Request, Sampling, Tool, ToolCall
 from ._schemas import (
     FUNCTION_NAME,
@@ -181,7 +181,7 @@ class ResponsesRequest(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    # their bounds are runtime/_admit.py's (check_request)
+    # their bounds are runtime/serving/_admit.py's (check_request)
     temperature: float = Field(1.0, allow_inf_nan=False)
     top_p: float = Field(1.0, allow_inf_nan=False)
     tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None

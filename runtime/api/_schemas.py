@@ -28,9 +28,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ..engine import json_object_grammar, json_schema_grammar
 from ..errors import RequestError
-from ..grammars import json_object_grammar, json_schema_grammar
-from ..sessions import MAX_SESSION_ID, SESSION_ID_RULE, session_id_problem
+from ..serving import MAX_SESSION_ID, SESSION_ID_RULE, session_id_problem
 from ..types import Message, Request, Role, Sampling, SessionInfo, Tool, ToolCall
 
 # Requests without max_tokens get at most this many, and never more than fits.
@@ -83,7 +83,7 @@ SESSION_ID = Annotated[
     AfterValidator(safe_session_id),
     Field(json_schema_extra={"minLength": 1, "maxLength": MAX_SESSION_ID}),
 ]
-# value bounds are runtime/_admit.py's (check_request): a schema holds only the JSON shape
+# value bounds are runtime/serving/_admit.py's (check_request): a schema holds only the JSON shape
 Penalty = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -145,7 +145,7 @@ class ToolCallIn(_Body):
 
 class ChatMessage(_Body):
     # "developer" is what newer OpenAI clients send for the system prompt; which
-    # roles there are is runtime/_admit.py's rule (check_request), as on /api/chat
+    # roles there are is runtime/serving/_admit.py's rule (check_request), as on /api/chat
     role: Text = Field(..., description="system (or developer), user, assistant or tool")
     # declared before content, which is checked against it
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)

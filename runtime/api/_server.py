@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from ..errors import ConfigError
-from ..service import Runtime
+from ..serving import Runtime
 from ..settings import Settings
 from . import _logs
 from ._app import create_app

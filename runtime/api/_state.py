@@ -27,11 +27,9 @@ from typing import Any
 import anyio
 from fastapi import Request
 
-from ..catalogue import load_catalogue
 from ..errors import ModelError, ModelNotFound
-from ..installed import MetadataCache, installed_paths, model_name
-from ..models import ModelManager
-from ..service import Runtime
+from ..models import MetadataCache, ModelManager, installed_paths, load_catalogue, model_name
+from ..serving import Runtime
 from ..settings import Settings
 from ._errors import APIError, error_body
 from ._keep_alive import Expiry

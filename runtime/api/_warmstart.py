@@ -12,8 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from ..service import Runtime
-from ..sessions import SESSION_ID_RULE, session_id_problem
+from ..serving import SESSION_ID_RULE, Runtime, session_id_problem
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE

@@ -24,7 +24,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..kvstore._keys import TAIL_TOKENS
+from ..kvstore import TAIL_TOKENS
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
 from ._llama import (

@@ -37,9 +37,9 @@ import numpy as np
 
 from .._embed_queue import check_texts, check_tokens, embeddings_of
 from ..errors import Cancelled, EngineError, RequestError
-from ..grammars import check_grammar_text
 from ..types import Embeddings, Message, Request, Sampling
 from . import _tools
+from ._grammars import check_grammar_text
 from ._residents import KvCells, Resident, Residents
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""The engine seam: what ``LocalRuntime`` (runtime/core.py) and the request pipeline
-(runtime/_pipeline.py) call on an engine, and nothing more.
+"""The engine seam: what ``LocalRuntime`` (runtime/serving/_core.py) and the request pipeline
+(runtime/serving/_pipeline.py) call on an engine, and nothing more.
 
 Two engines implement it: the llama.cpp one (``_engine.LlamaEngine``) and a
 deterministic fake without a model (``_fake.FakeEngine``), so the real runtime (its

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import EngineError
-from ..kvstore._keys import common_prefix
+from ..kvstore import common_prefix
 
 CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
 

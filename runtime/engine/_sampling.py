@@ -11,8 +11,8 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..grammars import check_grammar_text
 from ..types import Sampling, TokenLogprob
+from ._grammars import check_grammar_text
 from ._llama import LlamaContext, LlamaModel
 
 # llama_token_data, as numpy sees it: int32 id, float logit, float p

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import RequestError
-from ..grammars import check_grammar_text, check_schema
 from ..types import Message, Request, Tool, ToolCall
+from ._grammars import check_grammar_text, check_schema
 
 if TYPE_CHECKING:
     from ._template import ChatTemplate, Part

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from warmstart.runtime.api import create_app
-from warmstart.runtime.core import LocalRuntime
-from warmstart.runtime.service import Runtime
+from warmstart.runtime.serving._core import LocalRuntime
+from warmstart.runtime.serving._service import Runtime
+from warmstart.runtime.serving._streams import QueueStream
 from warmstart.runtime.settings import load_settings
-from warmstart.runtime.streams import QueueStream
 from warmstart.runtime.types import Request, Stream
 
 from tests.conftest import fake_runtime

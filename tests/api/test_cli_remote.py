@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.serving._sessions import SessionBook
 from warmstart.runtime.types import Message
 
 from .conftest import free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from warmstart.runtime.api._metrics import Metrics
-from warmstart.runtime.service import Runtime
+from warmstart.runtime.serving._service import Runtime
 
 
 class _Stats:

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 from warmstart.runtime.api import create_app
-from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import ModelError
+from warmstart.runtime.serving._core import LocalRuntime
 from warmstart.runtime.settings import load_settings
 
 from tests.api.inproc import serving

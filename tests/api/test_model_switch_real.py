@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 from warmstart.runtime.api import create_app
-from warmstart.runtime.core import LocalRuntime
-from warmstart.runtime.factory import build_runtime
+from warmstart.runtime.serving._core import LocalRuntime
+from warmstart.runtime.serving._factory import build_runtime
 
 from tests.api.conftest import run_server
 from tests.api.inproc import serving

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from warmstart.runtime._admit import Admitted
 from warmstart.runtime.api import create_app
 from warmstart.runtime.api._keep_alive import Expiry, keep_alive_seconds
-from warmstart.runtime.core import LocalRuntime
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.errors import RequestError
+from warmstart.runtime.serving._admit import Admitted
+from warmstart.runtime.serving._core import LocalRuntime
 from warmstart.runtime.settings import load_settings
 from warmstart.runtime.types import Request
 
@@ -321,7 +321,9 @@ def test_pull_offline_ends_with_one_error_line(
 def test_a_catalogue_name_is_pulled_and_checked_against_its_digest(
     client: ollama.Client, hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from warmstart.runtime import catalogue, installed, models
+    from warmstart.runtime.models import _catalogue as catalogue
+    from warmstart.runtime.models import _installed as installed
+    from warmstart.runtime.models import _manager as models
 
     data = tiny_model(tmp_path / "tiny.gguf").read_bytes() + bytes(1 << 20)
     sha = hub.add_hub_file(REPO, "tiny-q4.gguf", data)

@@ -1,4 +1,4 @@
-"""The rules of a request are written once (runtime/_admit.py): the same bad request
+"""The rules of a request are written once (runtime/serving/_admit.py): the same bad request
 sent to /v1/chat/completions and to /api/chat is refused for the same reason, each
 in its dialect's error body, on the fake runtime and on the real model alike.
 

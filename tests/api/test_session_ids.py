@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from warmstart.runtime.sessions import MAX_SESSION_ID
+from warmstart.runtime.serving._sessions import MAX_SESSION_ID
 
 BAD = {
     "slash": "a/b",

@@ -18,7 +18,7 @@ from warmstart.app.qt.main import command_line_args, parse_args
         (["/x/app/__main__.py", "app"], (["app"], False)),  # python -m app: all of it is ours
         (["/venv/bin/warmstart", "app"], ([], True)),
         (["/venv/bin/warmstart", "-v", "app", "--theme", "dark"], (["--theme", "dark"], True)),
-        (["/x/runtime/cli.py", "app", "--no-autostart"], (["--no-autostart"], True)),
+        (["/x/runtime/cli/_main.py", "app", "--no-autostart"], (["--no-autostart"], True)),
         (["ipython"], ([], False)),
     ],
 )

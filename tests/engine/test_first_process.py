@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 CHILD = r"""
 import json, os, sys
 from pathlib import Path
-from warmstart.runtime.factory import open_runtime
+from warmstart.runtime.serving._factory import open_runtime
 from warmstart.runtime.settings import load_settings
 from warmstart.runtime.types import Message, Request, Sampling
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.doctor import doctor_report, render_doctor
+from warmstart.runtime.cli._doctor import doctor_report, render_doctor
 from warmstart.runtime.engine._smoke import (
     ExtraBuffers,
     VerdictCache,
@@ -149,8 +149,8 @@ def test_the_real_smoke_child_passes_here(model_path: Path) -> None:
 def test_runtime_answers_without_extra_buffers_when_the_child_dies(
     tmp_path: Path, model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from warmstart.runtime.core import load_model
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._core import load_model
+    from warmstart.runtime.serving._factory import build_runtime
 
     settings = small_settings(tmp_path / "fresh", model_path)
     (tmp_path / "fresh" / "extra_buffers.json").unlink(missing_ok=True)  # decide afresh
@@ -181,7 +181,7 @@ def test_bench_comparison_child_obeys_the_choice(model_path: Path, extra: bool) 
     import subprocess
 
     code = (
-        "import sys; from pathlib import Path; from warmstart.runtime.bench import _llama; "
+        "import sys; from pathlib import Path; from warmstart.runtime.bench._bench import _llama; "
         f"llm = _llama(Path(sys.argv[1]), 256, {extra}, 0); "
         "print(llm.model_params.use_extra_bufts); llm.close()"
     )

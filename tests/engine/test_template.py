@@ -131,7 +131,7 @@ def test_gemmas_end_of_turn_stops_generation(gemma: LlamaModel) -> None:
 
 @pytest.mark.slow
 def test_gemma_replies_carry_no_turn_markers(tmp_path: Path, gemma_path: Path) -> None:
-    from warmstart.runtime.factory import build_runtime
+    from warmstart.runtime.serving._factory import build_runtime
 
     from tests.conftest import small_settings
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.doctor import doctor_report, render_doctor
+from warmstart.runtime.cli._doctor import doctor_report, render_doctor
 from warmstart.runtime.hardware import (
     AppleGpuSource,
     NoGpuSource,

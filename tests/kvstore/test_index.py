@@ -7,13 +7,13 @@ import random
 from pathlib import Path
 
 import numpy as np
-from warmstart.runtime import offline
+from warmstart.runtime.cli import _offline as offline
 from warmstart.runtime.kvstore._disk import DiskTier
 from warmstart.runtime.kvstore._index import read_index, unshared
 from warmstart.runtime.kvstore._keys import chunk_key, root_key
 from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._store import TieredStore
-from warmstart.runtime.sessions import SessionBook
+from warmstart.runtime.serving._sessions import SessionBook
 from warmstart.runtime.types import Message
 
 ROOT = root_key("fp")

@@ -10,7 +10,7 @@ call reasonable, and doctor's reason says why in words. (Before: the 8B model go
 from __future__ import annotations
 
 import pytest
-from warmstart.runtime.doctor import doctor_report, render_doctor
+from warmstart.runtime.cli._doctor import doctor_report, render_doctor
 from warmstart.runtime.policy import ModelGeometry, choose
 from warmstart.runtime.settings import load_settings
 

@@ -11,9 +11,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from .kvstore._disk import drop_chunks
-from .kvstore._index import read_index, unshared
-from .sessions import SessionBook
+from ..kvstore import drop_chunks, read_index, unshared
+from ..serving import SessionBook
 
 
 def _size(directory: Path) -> int:

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .errors import PeerError
+from ..errors import PeerError
 
 Messages = list[dict[str, str]]
 

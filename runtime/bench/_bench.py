@@ -19,10 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._progress import Bar
-from .engine._loader import LoaderChoice
-from .settings import Settings, load_settings
-from .types import Message, Request, Sampling, Token
+from .._progress import Bar
+from ..engine import LoaderChoice
+from ..settings import Settings, load_settings
+from ..types import Message, Request, Sampling, Token
+
+# the runtime package (warmstart.runtime): its command line runs in the timed child processes
+_RUNTIME = str(__package__).rpartition(".")[0]
 
 QUESTIONS = [
     "Which rule covers late deliveries?",
@@ -108,7 +111,7 @@ def du(path: Path) -> int:
 
 # ours --------------------------------------------------------------------------------------
 def _open(settings: Settings) -> Any:
-    from .factory import open_runtime
+    from ..serving import open_runtime
 
     return open_runtime(settings, prewarm=False)
 
@@ -170,7 +173,7 @@ def decode_tok_s(rt: Any, messages: tuple[Message, ...], threads: int | None = N
 def threshold_check(rt: Any, lengths: tuple[int, ...] = (4, 16, 64, 256)) -> dict[str, Any]:
     """Restore vs recompute at the chosen swap-in threshold and at ``lengths`` (each
     must fit a sequence's context), and what the runtime decides just below it."""
-    from .policy import decide_restore
+    from ..policy import decide_restore
 
     eng, t = rt.engine, rt.tuning
 
@@ -385,7 +388,7 @@ def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION)
     """Runs `warmstart ask QUESTION` as a new process and times it from before the
     process starts to the first byte of its reply (the CLI writes each token as it
     comes): interpreter start, imports, model load and the request, as a user waits."""
-    cmd = [sys.executable, "-m", f"{__package__}.cli", "ask", question, "--max-tokens", "8"]
+    cmd = [sys.executable, "-m", _RUNTIME + ".cli", "ask", question, "--max-tokens", "8"]
     flags, env = _cli_args(settings)
     cmd += flags
     t0 = time.perf_counter()
@@ -418,12 +421,12 @@ def _child(
     kind: str, payload: dict[str, Any], loader: LoaderChoice | None = None
 ) -> dict[str, Any]:
     # keep the caller's PYTHONPATH: an install with --target (make gpu-check) lives there
-    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     if loader is not None:  # the loader verdict's environment (pinned staging)
         env = loader.child_env(env)
     proc = subprocess.run(
-        [sys.executable, "-m", f"{__package__}.bench", "--child", kind, json.dumps(payload)],
+        [sys.executable, "-m", __name__, "--child", kind, json.dumps(payload)],
         capture_output=True,
         text=True,
         env=env,
@@ -446,7 +449,7 @@ def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
 
 
 def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
-    from .models import ModelManager
+    from ..models import ModelManager
 
     model = ModelManager(settings.models_dir).resolve(settings.model)
     keep = os.environ.get("WARMSTART_BENCH_DIR")  # keep the work files, to look at them
@@ -474,8 +477,7 @@ def _measure(
     loader = LoaderChoice.from_dict(ours["loader"])
     bar.update(4 + n_conv, "a disk hit in a fresh process")
     disk = _child("disk", {"settings": ours_settings.model_dump(mode="json"), "system": system})
-    from .engine._llama import LlamaModel
-    from .engine._template import ChatTemplate
+    from ..engine import ChatTemplate, LlamaModel
 
     # for its chat template only: nothing is decoded, nothing offloaded (read as proven)
     lm = LlamaModel(model, 0, mmap=loader.mmap)
@@ -643,4 +645,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         _main_child(sys.argv[2], json.loads(sys.argv[3]))
     else:
-        sys.exit("usage: python -m runtime.bench --child KIND JSON (use `warmstart bench`)")
+        sys.exit(
+            "usage: python -m warmstart.runtime.bench._bench --child KIND JSON "
+            "(use `warmstart bench`)"
+        )

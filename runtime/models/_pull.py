@@ -24,7 +24,7 @@ import certifi
 import httpx
 from tqdm import tqdm
 
-from .errors import Cancelled, ModelError
+from ..errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)
 SPACE_MARGIN = 256 << 20  # left free on the disk after the download: the cache lives there too

@@ -9,7 +9,7 @@ warmstart column is the first process of a fresh data dir. Then the session scen
 several clients (`_peers.run_trace`) run against each, and the tables print as
 Markdown. Prints figures; asserts nothing.
 
-    python -m warmstart.runtime.bench_peers [--systems ...] [--quick] [--skip-build]
+    python -m warmstart.runtime.bench [--systems ...] [--quick] [--skip-build]
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import PeerError, WarmstartError
 from . import _peers
-from .errors import PeerError, WarmstartError
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +390,7 @@ def run_trace(server: Server, home: Path, plan: _peers.TracePlan) -> _peers.Trac
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m warmstart.runtime.bench_peers",
+        prog="python -m warmstart.runtime.bench",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of %(default)s")
@@ -435,8 +435,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def resolve_model(name: str) -> Path:
     if Path(name).expanduser().is_file():
         return Path(name).expanduser().resolve()
-    from .models import ModelManager
-    from .settings import load_settings
+    from ..models import ModelManager
+    from ..settings import load_settings
 
     return ModelManager(load_settings().models_dir).pull(name)
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Literal
 
-from .errors import ModelError
-from .policy import host_reserve, vram_reserve
+from ..errors import ModelError
+from ..policy import host_reserve, vram_reserve
 
 if TYPE_CHECKING:
-    from .hardware import HardwareProfile
+    from ..hardware import HardwareProfile
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -14,21 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._private import private_tree
+from .._progress import ProgressLine
+from ..engine import (
+    CELL_BYTES,
+    CacheLayout,
+    EngineConfig,
+    FakeEmbedder,
+    FakeEngine,
+    FakeOptions,
+    LlamaEngine,
+    fingerprint_of,
+    on_own_thread,
+)
+from ..hardware import Calibration, HardwareProfile, load_or_calibrate, probe
+from ..policy import ModelGeometry, Rates, Tuning, choose, fixed_tuning, rates_from
+from ..settings import Settings
+from ._core import LoadedModel, LocalRuntime, geometry_of, load_model
 from ._embeddings import EmbeddingService
-from ._private import private_tree
-from .catalogue import load_catalogue
-from .core import LoadedModel, LocalRuntime, geometry_of, load_model
-from .doctor import ProgressLine, doctor_report, render_doctor
-from .engine._build import llama_build_info
-from .engine._engine import EngineConfig, LlamaEngine, fingerprint_of
-from .engine._fake import CELL_BYTES, FakeEmbedder, FakeEngine, FakeOptions
-from .engine._kvblob import CacheLayout
-from .engine._llama import on_own_thread
-from .hardware import Calibration, HardwareProfile, load_or_calibrate, probe
-from .installed import model_name
-from .kvstore._disk import directory_problem
-from .policy import ModelGeometry, Rates, Tuning, choose, fixed_tuning, rates_from
-from .settings import Settings
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -272,41 +273,3 @@ def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:
     rt.add_background(thread, stop)
     thread.start()
     return thread
-
-
-def doctor(settings: Settings, as_json: bool = False) -> int:
-    """`warmstart doctor`: every figure and every threshold, with its reason."""
-    # at once: loading, a first smoke test and a calibration take a minute on a small box
-    print(
-        f"warmstart doctor: loading {settings.model}, then measuring this machine",
-        file=sys.stderr,
-        flush=True,
-    )
-    loaded = load_model(settings)
-    try:
-        progress = None if as_json else ProgressLine(sys.stderr, lines=True)
-        chosen = plan(settings, loaded, progress)
-    finally:
-        loaded.model.close()
-    report = doctor_report(
-        chosen.profile,
-        chosen.calibration,
-        chosen.tuning,
-        calibration_reused=chosen.reused,
-        extra_buffers=loaded.extra_buffers,
-        loader=loaded.loader,
-        llama_build=llama_build_info(),
-        model={"name": model_name(loaded.path, load_catalogue()), "path": str(loaded.path)},
-    )
-    cache_dir = settings.effective_cache_dir
-    report["hardware"]["cache_dir"] = {
-        "path": str(cache_dir),
-        "problem": directory_problem(cache_dir),  # None: the disk tier can write there
-    }
-    print(json.dumps(report, indent=2) if as_json else render_doctor(report, _width()))
-    return 0
-
-
-def _width() -> int:
-    """The terminal's width, or 100 columns into a file or a pipe."""
-    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100

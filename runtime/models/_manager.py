@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from . import pull as _pull
-from ._private import private_file
-from .catalogue import CatalogueEntry, load_catalogue
-from .errors import ModelError, ModelNotFound
+from .._private import private_file
+from ..errors import ModelError, ModelNotFound
+from . import _pull
+from ._catalogue import CatalogueEntry, load_catalogue
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from .types import TIERS
+from ..types import TIERS
 
 _T = TypeVar("_T")
 

@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._private import restrict_umask
+from ..errors import WarmstartError
+from ..settings import Settings, load_settings
 from ._flags import BRIEF, add_settings_flags
-from ._private import restrict_umask
 from ._running import Running, introduction, remove_note, write_note
-from .errors import WarmstartError
-from .settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from .core import LocalRuntime
+    from ..serving import LocalRuntime
 
 log = logging.getLogger("warmstart")
 
@@ -36,7 +36,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 # commands ------------------------------------------------------------------------------------
 def _open_runtime(settings: Settings, prewarm: bool = True) -> LocalRuntime:
-    from .factory import open_runtime
+    from ..serving import open_runtime
 
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     return open_runtime(settings, progress=say, prewarm=prewarm)
@@ -45,7 +45,7 @@ def _open_runtime(settings: Settings, prewarm: bool = True) -> LocalRuntime:
 def _print_reply(stream: Any) -> Any:
     """Prints the reply as it comes. Ctrl-C stops the generation (the runtime sees the
     cancel at its next token) and keeps the turn with the text shown so far."""
-    from .types import Done, Token
+    from ..types import Done, Token
 
     report = None
     try:
@@ -70,15 +70,15 @@ def _check_session_flag(args: argparse.Namespace) -> None:
     """A --session that cannot name a session is refused before the model loads (the
     runtime would refuse it after): ``warmstart sessions`` still reads and deletes
     one stored under such an id by an older version."""
-    from .sessions import check_session_id
+    from ..serving import check_session_id
 
     if args.session is not None:
         check_session_id(args.session, "--session")
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from .sessions import derived_session_id
-    from .types import Message, Request, Sampling
+    from ..serving import derived_session_id
+    from ..types import Message, Request, Sampling
 
     settings = settings_from(args)
     _check_session_flag(args)
@@ -111,8 +111,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from ._chat import ChatLoop
     from ._lines import TurnReader, waiting_on
-    from .chat import ChatLoop
 
     settings = settings_from(args)
     _check_session_flag(args)
@@ -141,7 +141,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     """Through the running server when one answers (it owns the store), else on the
     files: either way no model is loaded."""
-    from .remote import Server
+    from ._remote import Server
 
     settings = settings_from(args)
     server = Server.find(settings, use_note=args.port is None)
@@ -170,8 +170,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def _sessions_offline(settings: Settings, args: argparse.Namespace) -> int:
-    from . import offline
-    from .sessions import SessionBook
+    from ..serving import SessionBook
+    from . import _offline as offline
 
     book = SessionBook(settings.data_dir / "sessions.db")
     try:
@@ -199,9 +199,9 @@ def _sessions_offline(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Through the running server when one answers (its own counters; clearing what
     it holds), else on the files without loading a model."""
-    from . import offline
-    from .remote import Server
-    from .sessions import SessionBook
+    from ..serving import SessionBook
+    from . import _offline as offline
+    from ._remote import Server
 
     settings = settings_from(args)
     server = Server.find(settings, use_note=args.port is None)
@@ -238,9 +238,9 @@ def _print_stats(args: argparse.Namespace, stats: dict[str, Any], origin: str) -
 def _clear_cache_dir(cache_dir: Path) -> None:
     """Deletes the cache's files whatever state they are in (a damaged index too) and
     loads no model; sessions and calibration live elsewhere and stay."""
-    from ._private import private_dir
-    from .errors import DiskUnavailable
-    from .kvstore._disk import reset_directory
+    from .._private import private_dir
+    from ..errors import DiskUnavailable
+    from ..kvstore import reset_directory
 
     if not cache_dir.exists():
         return
@@ -252,7 +252,7 @@ def _clear_cache_dir(cache_dir: Path) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .models import ModelManager
+    from ..models import ModelManager
 
     settings = settings_from(args)
     mm = ModelManager(settings.models_dir)
@@ -270,9 +270,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _print_available(settings: Settings, installed: set[str]) -> None:
-    from .catalogue import available_rows, load_catalogue
-    from .hardware import probe
-    from .models import with_default
+    from ..hardware import probe
+    from ..models import available_rows, load_catalogue, with_default
 
     profile = probe(settings.effective_cache_dir)
     for row in available_rows(with_default(load_catalogue()), profile, installed):
@@ -280,8 +279,8 @@ def _print_available(settings: Settings, installed: set[str]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api import bind_listener, bind_unix, serve
-    from .factory import model_opener
+    from ..api import bind_listener, bind_unix, serve
+    from ..serving import model_opener
 
     settings = settings_from(args)
     sock = bind_listener(settings)  # a port in use is reported now, not after the load
@@ -317,7 +316,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from ..bench import run_bench
 
     return run_bench(
         settings_from(args),
@@ -329,7 +328,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .factory import doctor
+    from ._doctor import doctor
 
     return doctor(settings_from(args), as_json=args.json)
 
@@ -348,7 +347,7 @@ def run_app(app_args: list[str]) -> int:
         )
         return 2
     # the app is a sibling package (warmstart.app), a client of the HTTP API only
-    app = importlib.import_module(str(__package__).rpartition(".")[0] + ".app")
+    app = importlib.import_module(str(__package__).rsplit(".", 2)[0] + ".app")
     return int(app.main(app_args[1:] if app_args[:1] == ["--"] else app_args) or 0)
 
 

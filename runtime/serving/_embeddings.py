@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ._embed_queue import check_texts, check_tokens, embeddings_of
-from .engine._llama import LlamaEmbedder, LlamaModel
-from .models import ModelManager
-from .settings import Settings
-from .types import Embeddings
+from .._embed_queue import check_texts, check_tokens, embeddings_of
+from ..engine import LlamaEmbedder, LlamaModel
+from ..models import ModelManager
+from ..settings import Settings
+from ..types import Embeddings
 
 log = logging.getLogger(__name__)
 

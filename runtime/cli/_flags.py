@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from .policy import Tuning
-from .settings import Settings
+from ..policy import Tuning
+from ..settings import Settings
 
 # Which settings each kind of command uses; every setting is in one group.
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ModelError
+from ._catalogue import load_catalogue
+from ._catalogue import needs_bytes as catalogue_needs
 from ._gguf import Header, read_header
-from .catalogue import load_catalogue
-from .catalogue import needs_bytes as catalogue_needs
-from .errors import ModelError
-from .models import model_name  # the one source of names; the API imports it from here
+from ._manager import model_name  # the one source of names; the API imports it from here
 
 log = logging.getLogger(__name__)
 OWNER = "warmstart"  # owned_by when neither the file nor the catalogue names an owner

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _sqlite
-from ._private import private_dir
-from .errors import CacheError, RequestError
-from .types import Message, SessionInfo, StoredResponse, ToolCall
+from .. import _sqlite
+from .._private import private_dir
+from ..errors import CacheError, RequestError
+from ..types import Message, SessionInfo, StoredResponse, ToolCall
 
 log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New conversation"

@@ -7,14 +7,20 @@ the CLI does the probing, the calibrating and the printing.
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 import textwrap
-from typing import Any, TextIO
+from typing import Any
 
-from ._progress import Bar
-from .engine._loader import LoaderChoice
-from .engine._smoke import ExtraBuffers
-from .hardware import Calibration, HardwareProfile
-from .policy import Tuning
+from .._progress import ProgressLine
+from ..engine import ExtraBuffers, LoaderChoice, llama_build_info
+from ..hardware import Calibration, HardwareProfile
+from ..kvstore import directory_problem
+from ..models import load_catalogue, model_name
+from ..policy import Tuning
+from ..serving import load_model, plan
+from ..settings import Settings
 
 _BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes", "memory_floor_bytes"})
 
@@ -201,26 +207,39 @@ def render_doctor(report: dict[str, Any], width: int | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-class ProgressLine:
-    """A calibration progress callback ``(what, done 0..1)``: a rich bar on a terminal,
-    log lines only when ``stream`` is not one (no carriage returns in logs). With
-    ``lines`` (doctor's), off a terminal each step is a plain line of ``stream``:
-    someone is waiting for that output, and a minute of silence looks like a hang."""
+def doctor(settings: Settings, as_json: bool = False) -> int:
+    """`warmstart doctor`: every figure and every threshold, with its reason."""
+    # at once: loading, a first smoke test and a calibration take a minute on a small box
+    print(
+        f"warmstart doctor: loading {settings.model}, then measuring this machine",
+        file=sys.stderr,
+        flush=True,
+    )
+    loaded = load_model(settings)
+    try:
+        progress = None if as_json else ProgressLine(sys.stderr, lines=True)
+        chosen = plan(settings, loaded, progress)
+    finally:
+        loaded.model.close()
+    report = doctor_report(
+        chosen.profile,
+        chosen.calibration,
+        chosen.tuning,
+        calibration_reused=chosen.reused,
+        extra_buffers=loaded.extra_buffers,
+        loader=loaded.loader,
+        llama_build=llama_build_info(),
+        model={"name": model_name(loaded.path, load_catalogue()), "path": str(loaded.path)},
+    )
+    cache_dir = settings.effective_cache_dir
+    report["hardware"]["cache_dir"] = {
+        "path": str(cache_dir),
+        "problem": directory_problem(cache_dir),  # None: the disk tier can write there
+    }
+    print(json.dumps(report, indent=2) if as_json else render_doctor(report, _width()))
+    return 0
 
-    def __init__(self, stream: TextIO, lines: bool = False) -> None:
-        self._bar = Bar("calibrating", 1.0, stream)
-        self._started = False
-        self._stream = stream if lines and not stream.isatty() else None
 
-    def __call__(self, what: str, done: float) -> None:
-        if self._stream is not None:
-            print(f"calibrating: {what} ({min(max(done, 0.0), 1.0):.0%})", file=self._stream)
-            self._stream.flush()
-            return
-        if not self._started:
-            self._bar.__enter__()
-            self._started = True
-        self._bar.update(min(max(done, 0.0), 1.0), what)
-        if done >= 1.0:
-            self._bar.__exit__(None, None, None)
-            self._started = False
+def _width() -> int:
+    """The terminal's width, or 100 columns into a file or a pipe."""
+    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100

@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .settings import CREDENTIAL_NAME, Settings
+from ..settings import CREDENTIAL_NAME, Settings
 
 log = logging.getLogger(__name__)
 NAME = "server.json"

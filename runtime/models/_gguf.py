@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError
+from ..errors import ModelError
 
 MAGIC = b"GGUF"
 _STRING, _ARRAY = 8, 9

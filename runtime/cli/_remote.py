@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import httpx
 
+from ..errors import ConfigError, WarmstartError
+from ..settings import Settings
 from ._running import local_host, read_note
-from .errors import ConfigError, WarmstartError
-from .settings import Settings
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 0.5  # a server on this machine answers /health in milliseconds

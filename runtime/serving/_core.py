@@ -1,4 +1,4 @@
-"""LocalRuntime: the real model behind the Runtime seam (see runtime/service.py).
+"""LocalRuntime: the real model behind the Runtime seam (see runtime/serving/_service.py).
 
 One worker thread owns the llama.cpp context. Requests queue (bounded: Busy
 beyond ``max_queue``) and are admitted while a resident sequence is free; the
@@ -26,34 +26,33 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._admit import Admitted, admit
-from ._embed_queue import EmbeddingQueue
-from ._embeddings import Embedder
-from ._pipeline import Env, Job
-from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats
-from ._view import ViewBook, WorkerView
-from .engine._llama import LlamaModel
-from .engine._loader import (
+from .._embed_queue import EmbeddingQueue
+from ..engine import (
     AS_SET,
+    NOT_CHECKED,
+    Engine,
+    ExtraBuffers,
+    LlamaModel,
     LoaderChoice,
     LoaderCommand,
+    SmokeCommand,
+    choose_extra_buffers,
     choose_loader,
     gpu_offload_supported,
 )
-from .engine._protocol import Engine
-from .engine._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
-from .errors import Busy, DiskUnavailable, EngineError, RequestError
-from .kvstore._disk import DiskTier, reset_directory
-from .kvstore._keys import common_prefix
-from .kvstore._pool import RamPool
-from .kvstore._pressure import MemoryWatcher
-from .kvstore._store import TieredStore
-from .models import DigestCache, ModelManager
-from .policy import ModelGeometry, Rates, Tuning
-from .sessions import SessionBook, check_session_id
-from .settings import Settings
-from .streams import QueueStream
-from .types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
+from ..errors import Busy, DiskUnavailable, EngineError, RequestError
+from ..kvstore import DiskTier, MemoryWatcher, RamPool, TieredStore, common_prefix, reset_directory
+from ..models import DigestCache, ModelManager
+from ..policy import ModelGeometry, Rates, Tuning
+from ..settings import Settings
+from ..types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
+from ._admit import Admitted, admit
+from ._embeddings import Embedder
+from ._pipeline import Env, Job
+from ._sessions import SessionBook, check_session_id
+from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats
+from ._streams import QueueStream
+from ._view import ViewBook, WorkerView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -140,7 +139,7 @@ class LocalRuntime:
         loader: LoaderChoice = AS_SET,
     ) -> None:
         """The runtime over a built ``engine`` (llama.cpp's or the fake): the factory
-        (runtime/factory.py) loads the model, probes, calibrates and chooses ``tuning``;
+        (runtime/serving/_factory.py) loads the model, probes, calibrates and chooses ``tuning``;
         this opens the store and the sessions and starts the worker."""
         self.settings = settings
         self.loader = loader
@@ -244,7 +243,7 @@ class LocalRuntime:
         return len(self._waiting) + self._embeds.waiting
 
     def admit(self, request: Request) -> Admitted:
-        """Admits ``request`` once (runtime/_admit.py): what generate() runs."""
+        """Admits ``request`` once (runtime/serving/_admit.py): what generate() runs."""
         return admit(request, self.engine, self.n_ctx, self.settings.overflow, self._check_room)
 
     def count_tokens(self, request: Request) -> int:

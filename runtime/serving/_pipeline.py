@@ -21,21 +21,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .engine._protocol import Engine, TokenSampler
-from .engine._residents import Resident, reusable
-from .engine._sampling import token_logprob
-from .engine._text import TextAssembler
-from .errors import EngineError, WarmstartError
-from .kvstore._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, decode_groups
-from .kvstore._plans import LoadPlan
-from .kvstore._store import TieredStore
-from .policy import Rates, Tuning, decide_restore
-from .streams import QueueStream
-from .types import Message, Report, TokenLogprob
+from ..engine import Engine, Resident, TextAssembler, TokenSampler, reusable, token_logprob
+from ..errors import EngineError, WarmstartError
+from ..kvstore import TAIL_TOKENS, LoadPlan, TieredStore, aligned_cuts, batch_cuts, decode_groups
+from ..policy import Rates, Tuning, decide_restore
+from ..types import Message, Report, TokenLogprob
+from ._streams import QueueStream
 
 if TYPE_CHECKING:
     from ._admit import Admitted
-    from .sessions import SessionBook
+    from ._sessions import SessionBook
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +52,7 @@ class Job:
     def __init__(
         self, env: Env, admitted: Admitted, stream: QueueStream, want_logits: bool = False
     ) -> None:
-        """``admitted``: the request as admission left it (runtime/_admit.py), taken
+        """``admitted``: the request as admission left it (runtime/serving/_admit.py), taken
         whole: its prompt ids, its session, its tool plan, its whole history."""
         self.env, self.admitted = env, admitted
         self.request, self.anchors = admitted.request, admitted.anchors

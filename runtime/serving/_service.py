@@ -1,6 +1,6 @@
 """The runtime's seam: what the CLI, the HTTP API and the tests call.
 
-``LocalRuntime`` (runtime/core.py) implements it, over the llama.cpp engine or over
+``LocalRuntime`` (runtime/serving/_core.py) implements it, over the llama.cpp engine or over
 the fake engine (runtime/engine/_fake.py, no model), so the layers above run in tests
 without a model. Both pass the same contract tests (tests/test_service_contract.py).
 """
@@ -11,15 +11,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..types import Embeddings, Request, SessionInfo, StoredResponse, Stream
 from ._admit import Admitted
-from .types import Embeddings, Request, SessionInfo, StoredResponse, Stream
 
 
 @runtime_checkable
 class Runtime(Protocol):
     """Contract:
 
-    - ``admit(request)`` admits it once (runtime/_admit.py: the rules, the session id,
+    - ``admit(request)`` admits it once (runtime/serving/_admit.py: the rules, the session id,
       the tool plan, the prompt's tokens, the one overflow rule; raising RequestError,
       ContextOverflow, Busy) and returns the frozen ``Admitted``; ``count_tokens(r)``
       is ``len(admit(r).ids)``.

@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-from .types import Done, Event, Message, Report, Token, TokenLogprob
+from ..types import Done, Event, Message, Report, Token, TokenLogprob
 
 
 class QueueStream:

@@ -6,8 +6,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .sessions import new_session_id
-from .types import Event, Message, Request, Sampling, SessionInfo, Token
+from ..serving import new_session_id
+from ..types import Event, Message, Request, Sampling, SessionInfo, Token
 
 HELP = (
     "/new starts a conversation, /list lists them, /resume ID continues one, /quit leaves; "

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
-from .engine._tools import check_choice
-from .errors import ContextOverflow, RequestError
-from .sessions import check_session_id, derived_session_id
-from .types import Message, Request, Role, Sampling
+from ..engine import check_choice
+from ..errors import ContextOverflow, RequestError
+from ..types import Message, Request, Role, Sampling
+from ._sessions import check_session_id, derived_session_id
 
 if TYPE_CHECKING:
-    from .engine._tools import ToolPlan
+    from ..engine import ToolPlan
 
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_TOP_K = 1_000_000

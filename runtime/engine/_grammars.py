@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..errors import RequestError
 from ._grammar_limits import grammar_problem, schema_problem, subschemas
-from .errors import RequestError
 
 
 def json_object_grammar() -> str:
