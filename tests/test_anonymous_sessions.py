@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmstart.runtime import _sqlite
+from warmstart.runtime import sqlite
 from warmstart.runtime.engine._fake import FakeOptions
 from warmstart.runtime.serving._sessions import MIGRATIONS, SessionBook, derived_session_id
 from warmstart.runtime.types import Message, Request
@@ -39,7 +39,7 @@ def test_rows_from_before_are_sorted_out_by_their_ids(tmp_path: Path) -> None:
     """A database written before the column existed: derived ids ("c" and 12 hex
     digits) were requests without a session id; the others stay listed."""
     path = tmp_path / "sessions.db"
-    db = _sqlite.connect(path, MIGRATIONS[:1])  # the schema as it shipped before
+    db = sqlite.connect(path, MIGRATIONS[:1])  # the schema as it shipped before
     db.executescript(
         "INSERT INTO sessions (id, title, created, updated) VALUES "
         "('c0123456789ab', 'Hi', 1, 1), ('4ecb1d2e3f40', 'Rome', 2, 2), "

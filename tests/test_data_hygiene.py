@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from warmstart.runtime import _sqlite
+from warmstart.runtime import sqlite
 from warmstart.runtime._private import private_tree
 from warmstart.runtime.errors import CacheError, RequestError
 from warmstart.runtime.serving._sessions import (
@@ -135,10 +135,10 @@ def test_damaged_pages_that_opening_does_not_notice_are_found_by_the_check(
 def test_a_database_that_cannot_be_opened_is_not_taken_for_damaged(tmp_path: Path) -> None:
     locked = sqlite3.OperationalError("database is locked")
     locked.sqlite_errorcode = 5  # type: ignore[attr-defined]
-    assert not _sqlite.is_damaged(CacheError("x"))
+    assert not sqlite.is_damaged(CacheError("x"))
     wrapped = CacheError("sessions.db: database is locked")
     wrapped.__cause__ = locked
-    assert not _sqlite.is_damaged(wrapped)
+    assert not sqlite.is_damaged(wrapped)
     if hasattr(os, "getuid") and os.getuid() == 0:
         pytest.skip("root reads any file")
     folder = tmp_path / "data"

@@ -100,7 +100,7 @@ def _layer(module: str) -> int | None:
     for i, layer in enumerate(LAYERS):
         if name in layer:
             return i
-    return 0  # errors, types, settings, _private, _sqlite, _progress, _embed_queue
+    return 0  # errors, types, settings, _private, sqlite, _progress, _embed_queue
 
 
 def test_imports_run_down_the_layers() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmstart.runtime import _sqlite
+from warmstart.runtime import sqlite
 from warmstart.runtime.serving._sessions import MIGRATIONS, SessionBook
 from warmstart.runtime.types import Message, StoredResponse, ToolCall
 
@@ -64,7 +64,7 @@ def test_without_history_nothing_is_kept(tmp_path: Path) -> None:
 def test_a_database_from_before_gets_the_responses_table(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     assert [name for name, _ in MIGRATIONS][-1] == "0003_responses"
-    old = _sqlite.connect(path, MIGRATIONS[:-1])  # as the release before wrote it
+    old = sqlite.connect(path, MIGRATIONS[:-1])  # as the release before wrote it
     old.execute("INSERT INTO sessions (id, title, created, updated) VALUES ('s0', 't', 1, 1)")
     old.close()
     book = SessionBook(path)

@@ -53,7 +53,7 @@ def test_readers_take_the_view_while_the_worker_serves(
 ) -> None:
     rt = make_runtime()
     touched: list[str] = []
-    rt.engine.residents = _Guarded(rt.engine.residents, rt._worker, touched)
+    rt.engine.residents = _Guarded(rt.engine.residents, rt.worker.thread, touched)
     assert rt.store is not None and rt.store.disk is not None
     disk = rt.store.disk  # a 1 GiB budget: no cull, so no listing is ever due
     monkeypatch.setattr(disk, "present", _noting(touched, "present"))
@@ -104,7 +104,7 @@ def test_evicting_on_request_is_not_counted_and_resets_nothing(
     for session, text in (("ev-a", "Hi."), ("ev-b", "Bye.")):
         rt.generate(chat(text, max_tokens=2, session_id=session)).text()
     assert rt.wait_idle(120) and rt.view.resident == 2
-    rt._call(lambda: setattr(rt.engine, "evictions", 5))  # as if five were pushed out
+    rt.worker.call(lambda: setattr(rt.engine, "evictions", 5))  # as if five were pushed out
     rt.evict_live()  # asked for: not a conversation pushed out, and the count stays
     assert rt.view.evictions == 5 and rt.view.resident == 0
     assert rt.stats()["tiers"]["live"]["tokens"] == 0

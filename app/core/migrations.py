@@ -1,9 +1,9 @@
 """The conversation store's schema, as named, ordered migrations.
 
-Append new migrations at the end; never edit or reorder one that has shipped. Each
-runs once, in a transaction, and its name is recorded in ``migrations``. A migration
-is SQL, or a function of the connection and the app's secret store (for a step that
-moves data out of the database).
+Append new migrations at the end; never edit or reorder one that has shipped. The
+runner is the runtime's (runtime/sqlite.py): each runs once, in a transaction, and its
+name is recorded in ``migrations``. A migration is SQL, or a function of the
+connection and the app's secret store (for a step that moves data out of the database).
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Callable
 
+from ...runtime import sqlite
 from .errors import StoreError
 from .secret_store import SecretStore
 
 log = logging.getLogger(__name__)
 Step = str | Callable[[sqlite3.Connection, SecretStore | None], None]
+TABLE = "migrations"  # where this database records them (the runtime's say schema_migrations)
 
 
 def _api_key_out_of_the_database(conn: sqlite3.Connection, secrets: SecretStore | None) -> None:
@@ -101,38 +102,22 @@ MIGRATIONS: tuple[tuple[str, Step], ...] = (
 )
 
 
-def applied(conn: sqlite3.Connection) -> list[str]:
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL NOT NULL)"
-    )
-    return [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY name")]
-
-
 def migrate(conn: sqlite3.Connection, secrets: SecretStore | None = None) -> list[str]:
-    """Apply the pending migrations in order; returns the names applied now."""
-    done = set(applied(conn))
-    known = [name for name, _ in MIGRATIONS]
-    unknown = done - set(known)
-    if unknown:
-        # A newer app wrote this database; running older code on it could corrupt it.
-        raise StoreError(f"database has migrations this app does not know: {sorted(unknown)}")
-    now_applied = []
-    for name, step in MIGRATIONS:
-        if name in done:
-            continue
-        record = f"INSERT INTO migrations VALUES ('{name}', {time.time()!r});"
-        try:
-            if isinstance(step, str):
-                # executescript commits first, so each migration gets its own transaction
-                conn.executescript(f"BEGIN;\n{step}\n{record}\nCOMMIT;")
-            else:
-                conn.execute("BEGIN")
-                step(conn, secrets)
-                conn.execute(record)
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise StoreError(f"migration {name} failed: {exc}") from exc
-        now_applied.append(name)
-    return now_applied
+    """Apply the pending migrations in order (the runtime's runner, runtime/sqlite.py);
+    returns the names applied now."""
+    steps = [(name, _given(step, secrets)) for name, step in MIGRATIONS]
+    try:
+        return sqlite.migrate(conn, steps, table=TABLE)
+    except sqlite3.Error as exc:
+        raise StoreError(f"the app's database: {exc}") from exc
+
+
+def _given(step: Step, secrets: SecretStore | None) -> sqlite.Step:
+    """The runner's step: SQL as it is, a function with the secret store given."""
+    if isinstance(step, str):
+        return step
+    return lambda conn: step(conn, secrets)
+
+
+def applied(conn: sqlite3.Connection) -> list[str]:
+    return sqlite.applied(conn, TABLE)

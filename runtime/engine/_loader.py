@@ -103,7 +103,7 @@ class LoaderChoice:
         )
 
 
-AS_SET = LoaderChoice(reason="not checked: loaded as set")
+AS_SET: LoaderChoice = LoaderChoice(reason="not checked: loaded as set")
 LoaderCommand = Callable[[Path, LoaderChoice, bool], list[str]]
 
 

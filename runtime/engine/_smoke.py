@@ -52,7 +52,7 @@ class ExtraBuffers:
         return asdict(self)
 
 
-NOT_CHECKED = ExtraBuffers(False, "not checked: off to be safe")
+NOT_CHECKED: ExtraBuffers = ExtraBuffers(False, "not checked: off to be safe")
 
 
 def default_command(model: Path) -> list[str]:

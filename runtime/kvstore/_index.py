@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _sqlite
+from .. import sqlite
 
 MIGRATIONS = [
     (
@@ -42,7 +42,7 @@ class DiskIndex:
     """The disk tier's index, shared by its callers' threads (one lock)."""
 
     def __init__(self, path: Path) -> None:
-        self._db = _sqlite.connect(path, MIGRATIONS)
+        self._db = sqlite.connect(path, MIGRATIONS)
         self._lock = threading.Lock()
 
     def rows(self, fingerprint: bytes) -> Iterator[IndexRow]:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._admit import Admitted, check_request, check_sampling
-    from ._core import LocalRuntime, load_model
+    from ._core import LocalRuntime
     from ._factory import model_opener, open_fake_runtime, open_runtime, plan
+    from ._load import load_model
     from ._service import Runtime
     from ._sessions import (
         MAX_SESSION_ID,
@@ -57,7 +58,7 @@ _WHERE = {
     "check_sampling": "._admit",
     "check_session_id": "._sessions",
     "derived_session_id": "._sessions",
-    "load_model": "._core",
+    "load_model": "._load",
     "model_opener": "._factory",
     "new_session_id": "._sessions",
     "open_fake_runtime": "._factory",

@@ -1,27 +1,21 @@
 """LocalRuntime: the real model behind the Runtime seam (see runtime/serving/_service.py).
 
-One worker thread owns the llama.cpp context. Requests queue (bounded: Busy
-beyond ``max_queue``) and are admitted while a resident sequence is free; the
-worker then advances every admitted request one bounded step at a time, round
-robin, so conversations are served fairly. Embeddings are computed on the thread
-that asks, in a context of their own, admitted with the replies (_embed_queue.py).
+A request is admitted once (_admit.py), bounded (Busy beyond ``max_queue``), and
+queued for the one worker thread that owns the llama.cpp context (_worker.py), which
+runs it as a pipeline job (_pipeline.py). Embeddings are computed on the thread that
+asks, in a context of their own, admitted with the replies (runtime/_embed_queue.py).
 
-The worker also owns what it mutates: after each step it publishes a frozen view
-(_view.py) of the resident sequences, its counters and recent events; stats and
-session info read that view, never ``engine.residents`` (a list the worker changes).
+Stats and session info read the worker's published view and the store's counts,
+never ``engine.residents`` (a list the worker changes).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -29,21 +23,12 @@ import numpy as np
 from .._embed_queue import EmbeddingQueue
 from ..engine import (
     AS_SET,
-    NOT_CHECKED,
     Engine,
-    ExtraBuffers,
-    LlamaModel,
     LoaderChoice,
-    LoaderCommand,
-    SmokeCommand,
-    choose_extra_buffers,
-    choose_loader,
-    gpu_offload_supported,
 )
 from ..errors import Busy, DiskUnavailable, EngineError, RequestError
 from ..kvstore import DiskTier, MemoryWatcher, RamPool, TieredStore, common_prefix, reset_directory
-from ..models import DigestCache, ModelManager
-from ..policy import ModelGeometry, Rates, Tuning
+from ..policy import Rates, Tuning
 from ..settings import Settings
 from ..types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
 from ._admit import Admitted, admit
@@ -52,7 +37,8 @@ from ._pipeline import Env, Job
 from ._sessions import SessionBook, check_session_id
 from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats
 from ._streams import QueueStream
-from ._view import ViewBook, WorkerView
+from ._view import WorkerView
+from ._worker import Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,68 +48,6 @@ STAGING_CAP_BYTES = 256 << 20  # disk reads beyond this land in the pool or fres
 DEFAULT_RATES = Rates(
     prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
 )
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    path: Path
-    digest: str
-    model: LlamaModel
-    extra_buffers: ExtraBuffers = NOT_CHECKED
-    loader: LoaderChoice = AS_SET
-
-
-def load_model(
-    settings: Settings,
-    smoke: SmokeCommand | None = None,
-    loader_smoke: LoaderCommand | None = None,
-    gpu_offload: bool | None = None,
-) -> LoadedModel:
-    """Resolves (pulling the default model on first use), digests and loads the model,
-    with llama.cpp's extra buffer types only where a smoke decode (``smoke``: its
-    child's command, for tests) showed them safe, and the loader's choices (mmap,
-    pinned staging, offload) that a smoke load (``loader_smoke``) lived through.
-    ``gpu_offload``: whether the build can offload (None: ask it; tests say True)."""
-    path = ModelManager(settings.models_dir).resolve(settings.model)
-    digest = DigestCache(settings.data_dir / "digests.json").digest(path)
-    extra = choose_extra_buffers(
-        settings.extra_buffers, path, digest, settings.data_dir / "extra_buffers.json", smoke
-    )
-    loader = choose_loader(
-        mmap=settings.mmap,
-        pinned=settings.pinned_staging,
-        n_gpu_layers=settings.n_gpu_layers,
-        model=path,
-        digest=digest,
-        extra_buffers=extra.enabled,
-        cache_file=settings.data_dir / "loader.json",
-        gpu_offload=gpu_offload_supported() if gpu_offload is None else gpu_offload,
-        command=loader_smoke,
-    )
-    loader.apply_env()
-    model = LlamaModel(path, loader.n_gpu_layers, extra_buffers=extra.enabled, mmap=loader.mmap)
-    return LoadedModel(path, digest, model, extra, loader)
-
-
-def geometry_of(model: LlamaModel, type_kv: str) -> ModelGeometry:
-    return ModelGeometry(
-        n_ctx_train=model.n_ctx_train,
-        n_layer=model.n_layer,
-        kv_bytes_per_token=model.kv_bytes_per_token_estimate(type_kv),
-        model_bytes=model.path.stat().st_size,
-        swa=model.n_swa > 0,
-        recurrent=model.recurrent,
-    )
-
-
-_WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
-
-
-def _rank(job: Job) -> int:
-    """Which work goes first: a client still waiting, then captures, then the rest."""
-    if not job.background:
-        return _WAITED_ON
-    return _ANSWERED if job.captured else _ANSWERED_UNCAPTURED
 
 
 class LocalRuntime:
@@ -153,41 +77,31 @@ class LocalRuntime:
         self.store = self._open_store()
         keep_text = settings.history and not settings.no_cache
         self.book = SessionBook(settings.data_dir / "sessions.db", keep_text=keep_text)
-        staging = None
-        if self.store is not None:
-            # touched now, once: page faults on fresh memory cost ~1 ms a MB in a VM, and
-            # a disk hit reads a whole conversation's chunks into it
-            prefix = self.engine.blob_bytes(self.n_ctx)
-            staging = np.ones(min(prefix, STAGING_CAP_BYTES), dtype=np.uint8)
         self.env = Env(
             self.engine,
-            staging,
+            self._staging(),
             self.store,
             self.tuning,
             self.rates,
             self.book,
             exact_replies=settings.exact_replies,
         )
-        self._views = ViewBook()
-        self.counters = self._views.counters  # the worker's: only it counts here
-        self._requests = 0  # counted by the submitting threads, under the lock
-        self._publish()  # before the worker starts: nothing else reads the engine yet
-        lock = threading.RLock()  # one lock for both queues: one admission decision
-        self._cv = threading.Condition(lock)
-        self._waiting: collections.deque[Job] = collections.deque()
-        self._embeds = EmbeddingQueue(lock, settings.max_queue, lambda: len(self._waiting))
-        self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
-        self._closing = False
+        self._requests = 0  # counted by the submitting threads, under the worker's lock
         self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
-        self._idle = threading.Event()
-        self._in_background = False  # the worker is in a step of background work
-        self._stepping: Job | None = None  # the job whose step the worker is in
-        self._aborting = False  # its prefill's decode was told to stop (its client left)
-        self._idle.set()
-        self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
-        self._worker.start()
+        self.worker = Worker(self.engine, self.tuning.resident_sequences)
+        self.counters = self.worker.counters
+        waiting = self.worker.waiting
+        self._embeds = EmbeddingQueue(self.worker.lock, settings.max_queue, lambda: len(waiting))
         self.watcher = self._watch_memory()
+
+    def _staging(self) -> np.ndarray | None:
+        """Where disk reads land: touched now, once (page faults on fresh memory cost
+        ~1 ms a MB in a VM, and a disk hit reads a whole conversation's chunks into it)."""
+        if self.store is None:
+            return None
+        prefix = self.engine.blob_bytes(self.n_ctx)
+        return np.ones(min(prefix, STAGING_CAP_BYTES), dtype=np.uint8)
 
     def _watch_memory(self) -> MemoryWatcher | None:
         """Starts the thread that shrinks the RAM pool when the system runs short
@@ -232,15 +146,15 @@ class LocalRuntime:
     # requests ------------------------------------------------------------------------------
     def _check_room(self) -> None:
         """Busy before any work: tokenizing a large prompt must not precede the 429."""
-        with self._cv:
-            if self._closing:  # no worker will take it: refuse rather than hang
+        with self.worker.lock:
+            if self.worker.closing:  # no worker will take it: refuse rather than hang
                 raise EngineError("the model was unloaded; send the request again")
             if self._queued() >= self.settings.max_queue:
                 raise Busy(retry_after=2.0)
 
     def _queued(self) -> int:
-        """Requests waiting, replies and embeddings (the lock held)."""
-        return len(self._waiting) + self._embeds.waiting
+        """Requests waiting, replies and embeddings (the worker's lock held)."""
+        return len(self.worker.waiting) + self._embeds.waiting
 
     def admit(self, request: Request) -> Admitted:
         """Admits ``request`` once (runtime/serving/_admit.py): what generate() runs."""
@@ -268,7 +182,7 @@ class LocalRuntime:
         return [model.piece(token, special=True) for token in ids]
 
     def _check_open(self) -> None:
-        if self._closing:  # the model's memory is freed: never read it
+        if self.worker.closing:  # the model's memory is freed: never read it
             raise EngineError("the model was unloaded; send the request again")
 
     def generate(self, request: Request | Admitted) -> Stream:
@@ -286,156 +200,24 @@ class LocalRuntime:
         admitted = request if isinstance(request, Admitted) else self.admit(request)
         if admitted.model != self.engine.fingerprint:  # its ids are another model's
             raise RequestError("this request was admitted by another model; send it again")
-        stream = QueueStream(on_cancel=lambda: self._abort_prefill(stream))
+        stream = QueueStream(on_cancel=lambda: self.worker.abort_prefill(stream))
         self._streams.add(stream)
-        with self._cv:
-            if self._closing:
-                raise EngineError("the model was unloaded; send the request again")
-            if self._queued() >= self.settings.max_queue:
-                raise Busy(retry_after=2.0)
+        with self.worker.lock:
+            self._check_room()
             job = Job(self.env, admitted, stream, want_logits)
-            self._waiting.append(job)
-            if self._in_background:  # a request waits: the background decode stops now
-                self.engine.interrupt(True)
-            self._idle.clear()
+            self.worker.enqueue(job)
             self._requests += 1
-            self._cv.notify()
         return stream, job
-
-    # the worker ----------------------------------------------------------------------------
-    def _loop(self) -> None:
-        active: collections.deque[tuple[Job, Iterator[None]]] = collections.deque()
-        while True:
-            with self._cv:
-                while not (self._closing or self._waiting or self._calls or active):
-                    self._cv.wait()
-                # close() drains: a job still waiting (cancelled by a model switch, say)
-                # is admitted and ends, never left without its Done
-                if self._closing and not active and not self._calls and not self._waiting:
-                    return
-                self._preempt_for_followups(active)
-                while self._waiting and len(active) < self.tuning.resident_sequences:
-                    job = self._waiting.popleft()
-                    active.append((job, job.steps()))
-                calls = list(self._calls)
-                self._calls.clear()
-            for fn, fut in calls:
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:
-                    fut.set_exception(exc)
-            if active:
-                self._step(active)
-            self._publish()  # before idle is said: wait_idle() then stats() sees it all
-            with self._cv:
-                if not active and not self._waiting:
-                    self._idle.set()
-
-    def _publish(self) -> None:
-        """On the worker thread (or before it starts): the view readers take."""
-        self._views.publish(self.engine.residents, self.engine.evictions)
-
-    @property
-    def view(self) -> WorkerView:
-        """The worker's latest view (a frozen value: read it from any thread)."""
-        return self._views.view
-
-    def _preempt_for_followups(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
-        """A conversation's next request is waiting (an agent loop, a client that sends
-        the follow-up at once): the previous reply's re-prefill is what that request
-        prefills anyway, in the same batches, so the old job ends now (its prompt's
-        chunks captured, its session saved) instead of making the new one wait."""
-        waiting = {j.admitted.session_id for j in self._waiting if j.admitted.session_id}
-        for job, steps in list(active):
-            if not (job.background and job.admitted.session_id in waiting):
-                continue
-            job.preempted = True
-            self.counters["preempted"] += 1
-            self._views.event("preempted", job.report.session_id)
-            active.remove((job, steps))
-            try:
-                for _ in steps:  # what is left is the capture: no decode runs now
-                    pass
-            except Exception:
-                log.exception("a preempted request failed while it ended")
-            else:
-                self._account(job)
-
-    def _step(self, active: collections.deque[tuple[Job, Iterator[None]]]) -> None:
-        # work whose client already has its answer (capture, a reply's re-prefill) waits
-        # while any request still has a client waiting; among it, captures come first:
-        # a request that shares a prompt finds its chunks stored sooner, whatever
-        # re-prefills are queued
-        first = min(range(len(active)), key=lambda i: _rank(active[i][0]))
-        active.rotate(-first)  # the others keep their round-robin order
-        job, steps = active.popleft()
-        background = job.background and self._mark_background(True)
-        with self._cv:
-            self._stepping = job
-        try:
-            next(steps)
-        except StopIteration:
-            self._account(job)
-            return
-        except Exception as exc:
-            log.exception("request failed")
-            self._views.event("failed", job.report.session_id)
-            job.stream.fail(exc)
-            return
-        finally:
-            if background:
-                self._mark_background(False)
-            self._end_step()
-        active.append((job, steps))
-
-    def _abort_prefill(self, stream: QueueStream) -> None:
-        """A client left while its prompt is being prefilled: the batch in progress
-        (up to merge_batch_tokens, seconds on a CPU) stops within one graph node and
-        keeps nothing, instead of running to its end before the cancel is seen."""
-        with self._cv:
-            job = self._stepping
-            if job is not None and job.stream is stream and job.prefilling:
-                self._aborting = True
-                self.engine.interrupt(True)
-
-    def _end_step(self) -> None:
-        with self._cv:
-            self._stepping = None
-            if self._aborting:  # the next step, of any job, decodes again
-                self._aborting = False
-                self.engine.interrupt(False)
-
-    def _mark_background(self, running: bool) -> bool:
-        """Background work (a reply's re-prefill) is running, or no longer: a request
-        submitted meanwhile interrupts its decode (see ``_submit``), which is redone
-        after it. Cleared before any request's own step, under the same lock."""
-        with self._cv:
-            self._in_background = running
-            self.engine.interrupt(False)
-        return running
-
-    def _account(self, job: Job) -> None:
-        r = job.report
-        self.counters["prompt_tokens"] += r.prompt_tokens
-        self.counters["completion_tokens"] += r.completion_tokens
-        for tier in TIERS:
-            self.counters[f"tokens_{tier}"] += r.restored[tier]
-        best = next((t for t in TIERS if r.restored[t]), "miss")
-        self.counters[f"hits_{best}"] += 1
-        self._views.event("finished", r.session_id)
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        """Runs ``fn`` on the worker thread (it owns the context) and waits for it."""
-        fut: Future[T] = Future()
-        with self._cv:
-            self._calls.append((fn, fut))
-            self._cv.notify()
-        return fut.result()
 
     def on_worker(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` on the worker thread, which owns the engine, between two steps of
         the requests in flight, and returns its result (bench: the engine's verbs)."""
-        return self._call(fn)
+        return self.worker.call(fn)
+
+    @property
+    def view(self) -> WorkerView:
+        """The worker's latest view (a frozen value: read it from any thread)."""
+        return self.worker.view
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Waits until every submitted request has finished, captures, their disk
@@ -445,7 +227,7 @@ class LocalRuntime:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        if not self._idle.wait(timeout):
+        if not self.worker.wait_idle(timeout):
             return False
         if self.store is not None and not self.store.flush(left()):
             return False
@@ -463,7 +245,7 @@ class LocalRuntime:
                 if not res.busy:
                     self.engine.evict(res, counted=False)  # asked for, not pushed out
 
-        self._call(evict_idle)
+        self.worker.call(evict_idle)
 
     # sessions ------------------------------------------------------------------------------
     def _info(self, row: Any) -> SessionInfo:
@@ -556,7 +338,7 @@ class LocalRuntime:
         view = self.view
         c = view.counters
         store = self.store.stats() if self.store is not None else None
-        with self._cv:
+        with self.worker.lock:
             waiting, embedding, requests = self._queued(), self._embeds.active, self._requests
         return Stats(
             model=self.model_id,
@@ -635,18 +417,15 @@ class LocalRuntime:
         self._embeds.cancel_all()
 
     def close(self) -> None:
-        with self._cv:
-            if self._closing:
-                return
-            self._closing = True
-            self._cv.notify()
+        if not self.worker.stop():
+            return
         self._embeds.close()  # a running one stops after its text; its context is freed below
         for _, stop in self._background:
             stop.set()
         for thread, _ in self._background:
             if thread.ident is not None:  # started
                 thread.join()
-        self._worker.join()
+        self.worker.thread.join()
         if self.store is not None:
             self.store.flush()
             self.store.close()

@@ -28,8 +28,9 @@ from ..engine import (
 from ..hardware import Calibration, HardwareProfile, load_or_calibrate, probe
 from ..policy import ModelGeometry, Rates, Tuning, choose, fixed_tuning, rates_from
 from ..settings import Settings
-from ._core import LoadedModel, LocalRuntime, geometry_of, load_model
+from ._core import LocalRuntime
 from ._embeddings import EmbeddingService
+from ._load import LoadedModel, geometry_of, load_model
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]

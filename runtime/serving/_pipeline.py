@@ -93,7 +93,6 @@ class Job:
             self._complete_load(plan)
             raise
         self.report.restored["live"] = live
-        sampler = None
         try:
             try:
                 have = self._restore(res, live, plan)
@@ -103,35 +102,10 @@ class Job:
             t1 = time.perf_counter()
             # the same prompt again, live: its first token comes from the logits kept
             kept = res.logits if have == len(self.ids) else None
-            for ends in self._decodes(have, self.cuts):
-                last, done = ends[-1] == len(self.ids), False
-                if not self.stream.cancelled:
-                    self.prefilling = True
-                    try:
-                        done = engine.prefill(res, self.ids[have : ends[-1]], last, ends)
-                    finally:
-                        self.prefilling = False
-                have = ends[-1] if done else have
-                if self.stream.cancelled:  # the client went away: stop paying for its prompt
-                    yield from self._cancelled_in_prefill(res, have)
-                    return
-                if not done:  # only a cancel stops a request's own decode (see core)
-                    raise EngineError("a prompt's prefill was interrupted")
-                if last:
-                    engine.keep_logits(res)
-                if not last:
-                    if engine.model.n_swa > 0:
-                        # a sliding-window cache keeps only the window's cells in a
-                        # snapshot: cut each batch's chunk while it is still inside
-                        self._keep(res, list(res.bounds))
-                    yield
+            if not (yield from self._prefill(res, have)):
+                return  # the client went away during the prefill
             self.report.prefill_ms = 1000 * (time.perf_counter() - t1)
-            if self.want_logits:  # the next-token distribution is the answer (tests, bench)
-                self.logits = kept.copy() if kept is not None else engine.ctx.logits()
-                self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
-            else:
-                sampler = engine.sampler(self.request.sampling)
-                yield from self._generate(res, sampler, kept)
+            yield from self._answer(res, kept)
             self.report.total_ms = 1000 * (time.perf_counter() - self.t0)
             # the conversation is listed before its client hears Done; its chunks'
             # key follows once they are captured
@@ -139,21 +113,65 @@ class Job:
             self.stream.finish(self.report, self.reply_message)
             self.background = True
             yield
-            if self.env.store is not None and self.promotions is not None:
-                self.env.store.transfers.promote(self.promotions.to_promote(self.n_promoted))
-            leaf = self._keep(res, self.cuts[:-1])
-            self.captured = True
-            leaf = (yield from self._settle(res)) or leaf
-            self._save_session(leaf, len(res.tokens), kept=True)
+            yield from self._after_reply(res)
         finally:
-            if sampler is not None:
-                sampler.close()
             if not share:
                 # nothing of it was stored: left live, it would be reused by the next
                 # cached request without its chunks ever being kept (and a sliding-
                 # window model's early chunks can only be cut while they are prefilled)
                 engine.evict(res, counted=False)
             engine.release(res)
+
+    def _prefill(self, res: Resident, have: int) -> Generator[None, None, bool]:
+        """The prompt after what was live or restored, in the batches a cold run
+        computes, a step each; False if the client left (what was prefilled is kept)."""
+        engine = self.env.engine
+        for ends in self._decodes(have, self.cuts):
+            last, done = ends[-1] == len(self.ids), False
+            if not self.stream.cancelled:
+                self.prefilling = True
+                try:
+                    done = engine.prefill(res, self.ids[have : ends[-1]], last, ends)
+                finally:
+                    self.prefilling = False
+            have = ends[-1] if done else have
+            if self.stream.cancelled:  # the client went away: stop paying for its prompt
+                yield from self._cancelled_in_prefill(res, have)
+                return False
+            if not done:  # only a cancel stops a request's own decode (see the worker)
+                raise EngineError("a prompt's prefill was interrupted")
+            if last:
+                engine.keep_logits(res)
+            else:
+                if engine.model.n_swa > 0:
+                    # a sliding-window cache keeps only the window's cells in a
+                    # snapshot: cut each batch's chunk while it is still inside
+                    self._keep(res, list(res.bounds))
+                yield
+        return True
+
+    def _answer(self, res: Resident, kept: np.ndarray | None) -> Iterator[None]:
+        """The reply, token by token; or, for prompt_logits, the next-token logits."""
+        engine = self.env.engine
+        if self.want_logits:  # the next-token distribution is the answer (tests, bench)
+            self.logits = kept.copy() if kept is not None else engine.ctx.logits()
+            self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
+            return
+        sampler = engine.sampler(self.request.sampling)
+        try:
+            yield from self._generate(res, sampler, kept)
+        finally:
+            sampler.close()
+
+    def _after_reply(self, res: Resident) -> Iterator[None]:
+        """The client has its answer: the prompt's chunks are kept, the reply is
+        settled into the next turn's batches, and the conversation saved with its key."""
+        if self.env.store is not None and self.promotions is not None:
+            self.env.store.transfers.promote(self.promotions.to_promote(self.n_promoted))
+        leaf = self._keep(res, self.cuts[:-1])
+        self.captured = True
+        leaf = (yield from self._settle(res)) or leaf
+        self._save_session(leaf, len(res.tokens), kept=True)
 
     def _cancelled_in_prefill(self, res: Resident, have: int) -> Iterator[None]:
         """Cut short before the first token (Ctrl-C, a client that left): the turn is kept

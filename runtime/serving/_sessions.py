@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _sqlite
+from .. import sqlite
 from .._private import private_dir
 from ..errors import CacheError, RequestError
 from ..types import Message, SessionInfo, StoredResponse, ToolCall
@@ -168,12 +168,12 @@ def _open(path: Path) -> sqlite3.Connection:
     cache database leaves the cache running from RAM.) Any other failure (locked,
     unreadable, disk full) is raised: a fresh file would hide the conversations."""
     try:
-        return _sqlite.connect(path, MIGRATIONS, check=True)
+        return sqlite.connect(path, MIGRATIONS, check=True)
     except CacheError as exc:
-        if not _sqlite.is_damaged(exc):
+        if not sqlite.is_damaged(exc):
             raise
         problem = exc.__cause__
-    aside = _sqlite.set_aside(path)
+    aside = sqlite.set_aside(path)
     log.error(
         "the sessions database %s is damaged (%s): moved it to %s and started an empty "
         "one; the conversations it listed are not shown",
@@ -181,7 +181,7 @@ def _open(path: Path) -> sqlite3.Connection:
         problem,
         aside,
     )
-    return _sqlite.connect(path, MIGRATIONS)
+    return sqlite.connect(path, MIGRATIONS)
 
 
 class SessionBook:
@@ -301,7 +301,7 @@ class SessionBook:
         with self._lock:
             cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
-            _sqlite.checkpoint(self._db)
+            sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 
     def keep_response(self, response: StoredResponse) -> bool:
@@ -335,13 +335,13 @@ class SessionBook:
     def delete_response(self, response_id: str) -> bool:
         with self._lock:
             cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            _sqlite.checkpoint(self._db)
+            sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 
     def close(self) -> None:
         """Checkpoints (a clean shutdown leaves no WAL behind) and closes."""
         with self._lock:
             try:
-                _sqlite.checkpoint(self._db)
+                sqlite.checkpoint(self._db)
             finally:
                 self._db.close()

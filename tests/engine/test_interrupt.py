@@ -38,7 +38,7 @@ def test_an_interrupted_prefill_keeps_nothing_and_can_be_redone(  # type: ignore
             engine.evict(res, counted=False)
             engine.release(res)
 
-    rt._call(run)
+    rt.worker.call(run)
     assert engine.interruptions == 1
 
 
@@ -51,7 +51,7 @@ def test_a_request_stops_a_reply_re_prefill_that_is_then_redone(  # type: ignore
     first = chat("Write a long story about a lighthouse keeper.", max_tokens=160)
     text, _ = rt.generate(first).text()
     # the re-prefill of the 160-token reply is running now: another chat arrives
-    assert wait_for(lambda: rt._in_background and rt.engine.decoding > 100, timeout=60)
+    assert wait_for(lambda: rt.worker.in_background and rt.engine.decoding > 100, timeout=60)
     other = chat("Name a prime number.")
     got = {}
     thread = threading.Thread(target=lambda: got.update(r=rt.generate(other).text()))

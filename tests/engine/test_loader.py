@@ -162,7 +162,7 @@ def test_the_runtime_loads_as_the_verdict_says(
 ) -> None:
     """The real model, through load_model, with a fake GPU build whose child dies with
     mmap: the serving process then reads the file and keeps pinned staging."""
-    from warmstart.runtime.serving._core import load_model
+    from warmstart.runtime.serving._load import load_model
 
     monkeypatch.delenv(NO_PINNED_ENV, raising=False)
 

@@ -27,8 +27,8 @@ def engine(
         built: Engine = FakeEngine(512, 2, FakeOptions(prefill_delay=0.0))
     else:
         from warmstart.runtime.engine._engine import LlamaEngine
-        from warmstart.runtime.serving._core import load_model
         from warmstart.runtime.serving._factory import engine_config
+        from warmstart.runtime.serving._load import load_model
 
         from tests.conftest import small_settings
 

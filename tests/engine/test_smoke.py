@@ -149,8 +149,8 @@ def test_the_real_smoke_child_passes_here(model_path: Path) -> None:
 def test_runtime_answers_without_extra_buffers_when_the_child_dies(
     tmp_path: Path, model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from warmstart.runtime.serving._core import load_model
     from warmstart.runtime.serving._factory import build_runtime
+    from warmstart.runtime.serving._load import load_model
 
     settings = small_settings(tmp_path / "fresh", model_path)
     (tmp_path / "fresh" / "extra_buffers.json").unlink(missing_ok=True)  # decide afresh

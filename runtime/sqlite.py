@@ -1,21 +1,35 @@
-"""SQLite with named, ordered migrations (every database warmstart writes is versioned)."""
+"""SQLite with named, ordered migrations: every database warmstart writes, the
+runtime's (sessions.db, the disk tier's index.db) and the desktop app's, is versioned
+by this one runner.
+
+A migration is a name and a step: SQL, or a function of the connection (for a step
+that moves data). Each runs once, in a transaction, and its name is recorded. Append
+new ones at the end; never edit or reorder one that has shipped. A database that
+lists a migration this code does not know was written by a newer version: it is
+refused (MigrationError), since running older code on it could damage it.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import CacheError
 
-Migration = tuple[str, str]  # (name, SQL script); never edit one that has shipped
+Step = str | Callable[[sqlite3.Connection], None]
+Migration = tuple[str, Step]  # (name, step); never edit one that has shipped
 # SQLite's primary result codes for a file that is not (or no longer) a database
 _DAMAGED_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
 class Damaged(sqlite3.DatabaseError):
     """The integrity check found damage that opening the file did not."""
+
+
+class MigrationError(sqlite3.DatabaseError):
+    """A migration failed (and was rolled back), or the database is a newer version's."""
 
 
 def connect(
@@ -56,6 +70,8 @@ def is_damaged(exc: BaseException) -> bool:
     """Whether a failure to open a database says the file itself is damaged (not a
     database, corrupt pages), as opposed to locked, unreadable or on a full disk."""
     cause = exc.__cause__ if isinstance(exc, CacheError) else exc
+    if isinstance(cause, MigrationError) and cause.__cause__ is not None:
+        cause = cause.__cause__  # a migration that met a damaged page
     if isinstance(cause, Damaged):
         return True
     code = getattr(cause, "sqlite_errorcode", None)
@@ -93,26 +109,40 @@ def checkpoint(conn: sqlite3.Connection) -> None:
         raise CacheError(f"checkpoint failed: {exc}") from exc
 
 
-def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:
-    """Applies pending migrations; returns the names applied now."""
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied REAL)"
-    )
-    done = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")}
-    applied = []
-    for name, script in migrations:
+def applied(conn: sqlite3.Connection, table: str = "schema_migrations") -> list[str]:
+    """The names of the migrations a database has had, in order of name."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (name TEXT PRIMARY KEY, applied REAL)")
+    return [row[0] for row in conn.execute(f"SELECT name FROM {table} ORDER BY name")]
+
+
+def migrate(
+    conn: sqlite3.Connection, migrations: Sequence[Migration], table: str = "schema_migrations"
+) -> list[str]:
+    """Applies the pending migrations in order; returns the names applied now.
+    ``table``: where the names are recorded (the app's database calls it migrations)."""
+    done = set(applied(conn, table))
+    unknown = done - {name for name, _ in migrations}
+    if unknown:
+        raise MigrationError(f"written by a newer version: it has migrations {sorted(unknown)}")
+    now = []
+    for name, step in migrations:
         if name in done:
             continue
-        conn.execute("BEGIN")
         try:
-            for statement in filter(None, (s.strip() for s in script.split(";"))):
-                conn.execute(statement)
-            conn.execute(
-                "INSERT INTO schema_migrations (name, applied) VALUES (?, ?)", (name, time.time())
-            )
+            if isinstance(step, str):
+                # executescript commits what is pending first, then runs the script as
+                # SQLite parses it (a ';' inside a string or a trigger is no statement's end)
+                conn.executescript(f"BEGIN;\n{step}\n;")
+            else:
+                conn.execute("BEGIN")
+                step(conn)
+            conn.execute(f"INSERT INTO {table} (name, applied) VALUES (?, ?)", (name, time.time()))
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise MigrationError(f"migration {name} failed: {exc}") from exc
             raise
-        applied.append(name)
-    return applied
+        now.append(name)
+    return now

@@ -1,0 +1,219 @@
+"""The worker: the one thread that owns the engine (llama.cpp's context is not
+thread-safe), and the queue it serves.
+
+Requests wait in arrival order and are admitted while a resident sequence is free;
+the worker then advances every admitted request one bounded step at a time, round
+robin, so conversations are served fairly. Work whose client already has its answer
+(the capture of a prompt's chunks, a reply's re-prefill) yields to any request whose
+client waits, and a request that arrives interrupts such work's decode at once.
+
+After each step the worker publishes a frozen view (_view.py) of the resident
+sequences, its counters and recent events: readers on other threads take that view,
+never the engine's own lists.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from ..engine import Engine
+from ..types import TIERS
+from ._pipeline import Job
+from ._streams import QueueStream
+from ._view import ViewBook, WorkerView
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Active = collections.deque[tuple[Job, Iterator[None]]]
+
+_WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
+
+
+def _rank(job: Job) -> int:
+    """Which work goes first: a client still waiting, then captures, then the rest."""
+    if not job.background:
+        return _WAITED_ON
+    return _ANSWERED if job.captured else _ANSWERED_UNCAPTURED
+
+
+class Worker:
+    """``lock`` guards the queue: the runtime takes it to decide a request's admission
+    (its embedding queue shares it, so replies and embeddings are one decision)."""
+
+    def __init__(self, engine: Engine, resident_sequences: int) -> None:
+        self.engine = engine
+        self._slots = resident_sequences
+        self._views = ViewBook()
+        self.counters = self._views.counters  # the worker's: only it counts here
+        self.publish()  # before the thread starts: nothing else reads the engine yet
+        self.lock = threading.RLock()
+        self._cv = threading.Condition(self.lock)
+        self.waiting: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self.closing = False
+        self.in_background = False  # the worker is in a step of background work
+        self._stepping: Job | None = None  # the job whose step the worker is in
+        self._aborting = False  # its prefill's decode was told to stop (its client left)
+        self._idle = threading.Event()
+        self._idle.set()
+        self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.thread.start()
+
+    # what other threads call ---------------------------------------------------------------
+    def enqueue(self, job: Job) -> None:
+        """Queues an admitted job (the caller holds ``lock`` and has checked the room)."""
+        with self._cv:
+            self.waiting.append(job)
+            if self.in_background:  # a request waits: the background decode stops now
+                self.engine.interrupt(True)
+            self._idle.clear()
+            self._cv.notify()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` on the worker thread, between two steps of the requests in
+        flight, and waits for its result."""
+        fut: Future[T] = Future()
+        with self._cv:
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut.result()
+
+    def abort_prefill(self, stream: QueueStream) -> None:
+        """A client left while its prompt is being prefilled: the batch in progress
+        (up to merge_batch_tokens, seconds on a CPU) stops within one graph node and
+        keeps nothing, instead of running to its end before the cancel is seen."""
+        with self._cv:
+            job = self._stepping
+            if job is not None and job.stream is stream and job.prefilling:
+                self._aborting = True
+                self.engine.interrupt(True)
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Waits until no job is waiting or running (their background work included)."""
+        return self._idle.wait(timeout)
+
+    def stop(self) -> bool:
+        """Tells the thread to end once what is queued has ended; False if told before."""
+        with self._cv:
+            if self.closing:
+                return False
+            self.closing = True
+            self._cv.notify()
+        return True
+
+    @property
+    def view(self) -> WorkerView:
+        """The latest view (a frozen value: read it from any thread)."""
+        return self._views.view
+
+    def publish(self) -> None:
+        """On the worker thread (or before it starts): the view readers take."""
+        self._views.publish(self.engine.residents, self.engine.evictions)
+
+    # the thread ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        active: Active = collections.deque()
+        while True:
+            with self._cv:
+                while not (self.closing or self.waiting or self._calls or active):
+                    self._cv.wait()
+                # stop() drains: a job still waiting (cancelled by a model switch, say)
+                # is admitted and ends, never left without its Done
+                if self.closing and not active and not self._calls and not self.waiting:
+                    return
+                self._preempt_for_followups(active)
+                while self.waiting and len(active) < self._slots:
+                    job = self.waiting.popleft()
+                    active.append((job, job.steps()))
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
+            if active:
+                self._step(active)
+            self.publish()  # before idle is said: wait_idle() then stats() sees it all
+            with self._cv:
+                if not active and not self.waiting:
+                    self._idle.set()
+
+    def _preempt_for_followups(self, active: Active) -> None:
+        """A conversation's next request is waiting (an agent loop, a client that sends
+        the follow-up at once): the previous reply's re-prefill is what that request
+        prefills anyway, in the same batches, so the old job ends now (its prompt's
+        chunks captured, its session saved) instead of making the new one wait."""
+        waiting = {j.admitted.session_id for j in self.waiting if j.admitted.session_id}
+        for job, steps in list(active):
+            if not (job.background and job.admitted.session_id in waiting):
+                continue
+            job.preempted = True
+            self.counters["preempted"] += 1
+            self._views.event("preempted", job.report.session_id)
+            active.remove((job, steps))
+            try:
+                for _ in steps:  # what is left is the capture: no decode runs now
+                    pass
+            except Exception:
+                log.exception("a preempted request failed while it ended")
+            else:
+                self._account(job)
+
+    def _step(self, active: Active) -> None:
+        # work whose client already has its answer (capture, a reply's re-prefill) waits
+        # while any request still has a client waiting; among it, captures come first:
+        # a request that shares a prompt finds its chunks stored sooner, whatever
+        # re-prefills are queued
+        first = min(range(len(active)), key=lambda i: _rank(active[i][0]))
+        active.rotate(-first)  # the others keep their round-robin order
+        job, steps = active.popleft()
+        background = job.background and self._mark_background(True)
+        with self._cv:
+            self._stepping = job
+        try:
+            next(steps)
+        except StopIteration:
+            self._account(job)
+            return
+        except Exception as exc:
+            log.exception("request failed")
+            self._views.event("failed", job.report.session_id)
+            job.stream.fail(exc)
+            return
+        finally:
+            if background:
+                self._mark_background(False)
+            self._end_step()
+        active.append((job, steps))
+
+    def _end_step(self) -> None:
+        with self._cv:
+            self._stepping = None
+            if self._aborting:  # the next step, of any job, decodes again
+                self._aborting = False
+                self.engine.interrupt(False)
+
+    def _mark_background(self, running: bool) -> bool:
+        """Background work (a reply's re-prefill) is running, or no longer: a request
+        queued meanwhile interrupts its decode (see ``enqueue``), which is redone
+        after it. Cleared before any request's own step, under the same lock."""
+        with self._cv:
+            self.in_background = running
+            self.engine.interrupt(False)
+        return running
+
+    def _account(self, job: Job) -> None:
+        r = job.report
+        self.counters["prompt_tokens"] += r.prompt_tokens
+        self.counters["completion_tokens"] += r.completion_tokens
+        for tier in TIERS:
+            self.counters[f"tokens_{tier}"] += r.restored[tier]
+        best = next((t for t in TIERS if r.restored[t]), "miss")
+        self.counters[f"hits_{best}"] += 1
+        self._views.event("finished", r.session_id)
