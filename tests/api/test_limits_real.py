@@ -143,14 +143,18 @@ def test_an_abandoned_long_request_frees_the_server(real: Server, stream: bool) 
     received = 0
     t0 = time.monotonic()
     if stream:
+        lines: list[str] = []
         with httpx.stream("POST", url, json=body, timeout=30) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
-                assert line != "data: [DONE]", "the long request ended before 3 s"
+                lines.append(f"{time.monotonic() - t0:.2f} s: {line[:300]}")
+                assert line != "data: [DONE]", f"the long request ended before 3 s: {lines}"
                 received += line.startswith("data: ")
                 if time.monotonic() - t0 >= 3.0:
                     break
-            assert _active(real) == 1
+            stats = _stats(real)
+            # what was read and what the server said then: the evidence if it ended early
+            assert stats["queue"]["active"] == 1, (lines[:3], lines[-3:], stats, real.log()[-3000:])
     else:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, json=body, timeout=3)
