@@ -49,10 +49,6 @@ class TierStats:
     tokens: int = 0
     bytes: int = 0
     capacity_bytes: int = 0
-    # conversations held and room in conversations: no engine counts them so now
-    # (the fake runtime did); left out of the JSON while None
-    sessions: int | None = None
-    capacity_sessions: int | None = None
 
 
 @dataclass(frozen=True)
