@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from warmstart.runtime.bench import _bench_peers as bench_peers
 from warmstart.runtime.bench import _peers as _peers
+from warmstart.runtime.bench import _servers
 from warmstart.runtime.bench._peers import Reply, TracePlan, TraceResult
 
 
@@ -99,7 +100,7 @@ def test_a_missing_llama_server_with_skip_build_says_so(
 def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> None:
     # the runtime's fake behind the real HTTP API: warmstart serve's own calibration
     # takes minutes on a loaded 2-core machine, and this is about the benchmark's logic
-    fake = bench_peers.Server(
+    fake = _servers.Server(
         "fake",
         lambda port, home: [
             sys.executable,
@@ -112,7 +113,7 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     )
     prompts, plan = _peers.Prompts.make(True), TracePlan.make(True)
     replies: dict[str, Reply] = {}
-    with bench_peers.running(fake, tmp_path, "first", bench_peers._env(fake, tmp_path)) as url:
+    with _servers.running(fake, tmp_path, "first", _servers.server_env(fake, tmp_path)) as url:
         _peers.run_steps(url, _peers.first_process_steps(prompts), prompts.max_tokens, replies)
         _peers.run_steps(url, _peers.restart_steps(prompts), prompts.max_tokens, replies)
         trace = _peers.run_trace(url, plan)

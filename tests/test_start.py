@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from warmstart.runtime.bench import _bench as bench
+from warmstart.runtime.bench import _ask as bench
 from warmstart.runtime.engine._engine import LlamaEngine
 from warmstart.runtime.serving._factory import layout_from_json, layout_to_json
 

@@ -116,8 +116,8 @@ def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict
 # each load in a child: a segfault ends the child, not the report; argv: MODEL LAYERS
 # MMAP (None/True/False) EXTRA_BUFFERS (True/False)
 _LOADERS = {
-    "llama_cpp": "import llama_cpp, sys; from warmstart.runtime import bench; "
-    "sys.argv[4] == 'True' or bench._without_extra_buffers(); "
+    "llama_cpp": "import llama_cpp, sys; from warmstart.runtime.bench import _lcp; "
+    "sys.argv[4] == 'True' or _lcp._without_extra_buffers(); "
     "llama_cpp.Llama(sys.argv[1], n_gpu_layers=int(sys.argv[2]), "
     "use_mmap=sys.argv[3] != 'False', n_ctx=512, verbose=True)",
     "warmstart": "import sys; from pathlib import Path; from warmstart.runtime.engine._llama import"
@@ -182,7 +182,7 @@ def _runtime(model: Path, data_dir: Path, **settings: Any) -> Any:
 
 def sweep_section(model: Path, data_dir: Path, lengths: tuple[int, ...]) -> dict[str, Any]:
     """Restore and recompute timed at each prefix length, fully offloaded."""
-    from warmstart.runtime.bench import _bench as bench
+    from warmstart.runtime.bench import _ours as bench
 
     rt = _runtime(model, data_dir, n_ctx=max(lengths) + 256, resident_sequences=2)
     try:

@@ -181,7 +181,7 @@ def test_bench_comparison_child_obeys_the_choice(model_path: Path, extra: bool) 
     import subprocess
 
     code = (
-        "import sys; from pathlib import Path; from warmstart.runtime.bench._bench import _llama; "
+        "import sys; from pathlib import Path; from warmstart.runtime.bench._lcp import _llama; "
         f"llm = _llama(Path(sys.argv[1]), 256, {extra}, 0); "
         "print(llm.model_params.use_extra_bufts); llm.close()"
     )
