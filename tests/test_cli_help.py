@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.cli._flags import GROUPS
-from warmstart.runtime.cli._main import build_parser
+from warmstart.runtime.cli._parser import build_parser
 from warmstart.runtime.settings import Settings
 
 
@@ -107,7 +107,7 @@ def test_the_pyside6_hint_names_this_interpreters_pip(
 ) -> None:
     import importlib.util
 
-    from warmstart.runtime.cli import _main as cli
+    from warmstart.runtime.cli import _commands as cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

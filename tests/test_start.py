@@ -54,7 +54,8 @@ def test_the_layout_survives_json(tmp_path: Path, model_path: Path) -> None:
 def test_cli_args_reproduce_the_settings(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from warmstart.runtime.cli._main import build_parser, settings_from
+    from warmstart.runtime.cli._flags import settings_from
+    from warmstart.runtime.cli._parser import build_parser
 
     settings = small_settings(
         tmp_path, model_path, cors_origins=("http://a", "http://b"), no_cache=True

@@ -65,6 +65,12 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
         app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
+    _add_middleware(app, settings, metrics)
+    return app
+
+
+def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """The stack create_app's docstring lists, added innermost first."""
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(JsonBodyMiddleware)  # inside the limit: sees the bounded body
     app.add_middleware(
@@ -95,4 +101,3 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     # outermost: every error of an /api/ route, the guards' too, in Ollama's shape
     app.add_middleware(OllamaErrorMiddleware)
     app.add_middleware(AnthropicErrorMiddleware)  # and those of /v1/messages in Anthropic's
-    return app

@@ -73,7 +73,13 @@ def build_router() -> APIRouter:
     # Session routes take the rest of the path as the id ({session_id:path}): an id
     # stored with a '/' in it (percent-encoded in the URL) still names one session.
     router = APIRouter(prefix="/v1/warmstart", tags=["warmstart"])
+    _add_session_reads(router)
+    _add_session_changes(router)
+    _add_runtime_routes(router)
+    return router
 
+
+def _add_session_reads(router: APIRouter) -> None:
     @router.get("/sessions")
     def list_sessions(
         request: Request,
@@ -92,6 +98,10 @@ def build_router() -> APIRouter:
         """One conversation, with its messages."""
         with state(request).using() as runtime:
             return _session(_known(runtime, session_id), messages=True)
+
+
+def _add_session_changes(router: APIRouter) -> None:
+    """Deleting, renaming and importing conversations, and promoting their KV to RAM."""
 
     @router.delete("/sessions/{session_id:path}", responses=ERRORS)
     def delete_session(session_id: str, request: Request) -> dict[str, Any]:
@@ -134,6 +144,10 @@ def build_router() -> APIRouter:
             "session": _session(info, messages=False),
         }
 
+
+def _add_runtime_routes(router: APIRouter) -> None:
+    """The runtime itself: its model, its counters, its cache and its settings."""
+
     @router.post("/models/load", responses=ERRORS)
     def load_model(body: LoadModelRequest, request: Request) -> dict[str, Any]:
         """Switches to an installed model (as a request naming it would) and answers
@@ -169,8 +183,6 @@ def build_router() -> APIRouter:
             )
             for name, entry in report.items()
         }
-
-    return router
 
 
 def build_service_router() -> APIRouter:

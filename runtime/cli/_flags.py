@@ -12,7 +12,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from ..policy import Tuning
-from ..settings import Settings
+from ..settings import Settings, load_settings
 
 # Which settings each kind of command uses; every setting is in one group.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -151,6 +151,12 @@ def help_for(name: str, field: FieldInfo) -> str:
 # that the conversation's own options fit on a screen.
 EVERYDAY = ("model", "data_dir", "n_ctx", "n_gpu_layers", "no_cache")
 BRIEF = frozenset({"ask", "chat"})
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings, with the flags given: a flag left out (None) leaves its setting to
+    the environment, the config file or the default."""
+    return load_settings(**{n: getattr(args, n, None) for n in Settings.model_fields})
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, command: str, show_all: bool = True) -> int:
