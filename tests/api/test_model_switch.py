@@ -34,7 +34,7 @@ class Model(LocalRuntime):
     log: list[str]
 
     def close(self) -> None:
-        if not self._closing:
+        if not self.worker.closing:
             self.log.append(f"close {self.model_id}")
         super().close()
 

@@ -59,7 +59,7 @@ class Model(LocalRuntime):
         return super().admit(request)
 
     def close(self) -> None:
-        if not self._closing:
+        if not self.worker.closing:
             self.log.append(f"close {self.model_id}")
         super().close()
 
