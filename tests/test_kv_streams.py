@@ -195,7 +195,7 @@ def test_merged_batches_only_where_they_give_the_same_bits(  # type: ignore[no-u
     logits, are the same bytes as prefilled one chunk at a time."""
     request = Request(prompt=DOCUMENT[:2400], sampling=Sampling(max_tokens=1))
     one = make_runtime(tmp_path / "one", chunk_tokens=chunk, merge_batch_tokens=0, n_ctx=2048)
-    invariant = one._call(lambda: one.engine.invariant_units(most, (chunk,)))
+    invariant = one.on_worker(lambda: one.engine.invariant_units(most, (chunk,)))
     if not invariant:
         pytest.skip("this machine's kernels round a token differently in a larger batch")
     merged = make_runtime(
