@@ -21,6 +21,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..qt.application import WarmstartApp
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_MODEL = Path.home() / ".cache/warmstart-tests/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,6 +64,27 @@ def server_command(port: int, data_dir: Path, model: str, custom: str | None) ->
     return [*serve, "--data-dir", str(data_dir), "--model", model, *SERVER_SETTINGS]
 
 
+def converse(app: WarmstartApp) -> str:
+    """Asks QUESTIONS over two conversations, pins the first and polls the memory panel
+    until it shows the tiers after the last reply; returns the first conversation."""
+    first = None
+    for question, in_first in QUESTIONS:
+        if in_first and first is not None:
+            app.chat.open(first)
+        elif not in_first or first is None:
+            app.chat.new_conversation()
+        first = first or app.chat.current
+        app.chat.send(question)
+        wait_until(lambda: not app.chat.busy, 120)
+    assert first is not None
+    app.library.set_pinned(first, True)
+    app.memory.refresh()
+    wait_until(lambda: not app.memory.polling)
+    app.memory.refresh()  # a second poll shows the tiers after the last reply
+    wait_until(lambda: not app.memory.polling)
+    return first
+
+
 def shoot(theme: str, out: Path, model: str, server_cmd: str | None) -> None:
     from dataclasses import replace
 
@@ -91,22 +116,7 @@ def shoot(theme: str, out: Path, model: str, server_cmd: str | None) -> None:
         app.start()
         app.window.resize(1280, 800)
         wait_until(lambda: app.connection.ready, 180)  # the first start calibrates
-        first = None
-        for question, in_first in QUESTIONS:
-            if in_first and first is not None:
-                app.chat.open(first)
-            elif not in_first or first is None:
-                app.chat.new_conversation()
-            first = first or app.chat.current
-            app.chat.send(question)
-            wait_until(lambda: not app.chat.busy, 120)
-        assert first is not None
-        app.library.set_pinned(first, True)
-        app.memory.refresh()
-        wait_until(lambda: not app.memory.polling)
-        app.memory.refresh()  # a second poll shows the tiers after the last reply
-        wait_until(lambda: not app.memory.polling)
-        app.chat.open(first)
+        app.chat.open(converse(app))
         app.window.memory_dock.show()
         for _ in range(30):
             QApplication.processEvents()

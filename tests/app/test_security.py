@@ -96,7 +96,7 @@ def test_an_impostor_on_the_apps_port_gets_no_message_and_no_key(
         posted = [s for s in impostor.seen if s.method != "GET" or s.body]
         assert posted == []
         assert not impostor.received("hunter2")
-        assert not impostor.received(app._server_key)
+        assert not impostor.received(app.server.key)
         assert all("authorization" not in s.headers for s in impostor.seen)
         assert impostor.seen  # it was asked, and found out
         app.window.close()
@@ -127,7 +127,7 @@ def test_an_impostor_that_takes_the_port_when_the_apps_server_dies_gets_nothing(
         type_and_send(qtbot, app, "my bank password is hunter2")
         qtbot.wait(4000)  # health, stats and session polls come and go meanwhile
         assert not impostor.received("hunter2")
-        assert not impostor.received(app._server_key)
+        assert not impostor.received(app.server.key)
         # at most the plain /health that finds it out: no key, no text, no other call
         assert all((q.method, q.path, q.body) == ("GET", "/health", b"") for q in impostor.seen)
         assert all("authorization" not in q.headers for q in impostor.seen)
@@ -318,7 +318,7 @@ def test_the_apps_server_gets_a_fresh_key_off_its_command_line(
     app = managed_app(qtbot, app_data, port)
     app.start()
     qtbot.waitUntil(lambda: app.connection.ready, timeout=WAIT)
-    key = app._server_key
+    key = app.server.key
     assert len(key) >= 32 and key not in (app.prefs.api_key, "")
     pid = app.connection.local.pid
     if Path(f"/proc/{pid}/cmdline").exists():
