@@ -5,8 +5,7 @@ The public surface is what ``__all__`` names. ``open_runtime`` (the real model) 
 imported on first use, so the light parts (types, settings) load without llama.cpp.
 """
 
-from typing import Any
-
+from ._lazy import on_first_use as _on_first_use
 from .errors import (
     Busy,
     CacheError,
@@ -76,10 +75,4 @@ _LAZY = {
     "FakeOptions": ".engine",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _on_first_use(__name__, _LAZY)

@@ -21,6 +21,7 @@ from ..models import load_catalogue, model_name
 from ..policy import Tuning
 from ..serving import load_model, plan
 from ..settings import Settings
+from ._stats_text import size
 
 _BYTES_SETTINGS = frozenset({"ram_pool_bytes", "disk_budget_bytes", "memory_floor_bytes"})
 
@@ -68,27 +69,19 @@ def doctor_report(
     return {"model": model, **report} if model is not None else report
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _hardware_lines(hw: dict[str, Any]) -> list[str]:
     cpu, mem, disk = hw["cpu"], hw["memory"], hw["disk"]
     lines = [
         f"  CPU      {cpu['model'] or '?'}: {cpu['physical_cores']} cores, "
         f"{cpu['logical_cores']} threads, {' '.join(cpu['flags']) or 'no notable flags'}",
-        f"  RAM      {_size(mem['total'])} total, {_size(mem['available'])} available, "
-        f"swap {_size(mem['swap_total'])} ({_size(mem['swap_free'])} free)",
+        f"  RAM      {size(mem['total'])} total, {size(mem['available'])} available, "
+        f"swap {size(mem['swap_total'])} ({size(mem['swap_free'])} free)",
     ]
     for i, gpu in enumerate(hw["gpus"]):
         if gpu.get("unified"):
             lines.append(
                 f"  GPU {i}    {gpu['name']}: unified memory with the CPU "
-                f"({_size(gpu['vram_total'])}, {_size(gpu['vram_free'])} free), no PCIe link"
+                f"({size(gpu['vram_total'])}, {size(gpu['vram_free'])} free), no PCIe link"
             )
             continue
         link = gpu.get("pcie")
@@ -99,14 +92,14 @@ def _hardware_lines(hw: dict[str, Any]) -> list[str]:
                 f"x{link['width_current']}/{link['width_max']} (~{link['gbps']:.1f} GB/s)"
             )
         lines.append(
-            f"  GPU {i}    {gpu['name']}: {_size(gpu['vram_total'])} VRAM, "
-            f"{_size(gpu['vram_free'])} free, {where}"
+            f"  GPU {i}    {gpu['name']}: {size(gpu['vram_total'])} VRAM, "
+            f"{size(gpu['vram_free'])} free, {where}"
         )
     if not hw["gpus"]:
         lines.append("  GPU      none (CPU inference)")
     lines.append(
         f"  disk     {disk['path']}: {disk['kind']} {disk['device'] or ''}, "
-        f"{_size(disk['free'])} free of {_size(disk['total'])}"
+        f"{size(disk['free'])} free of {size(disk['total'])}"
     )
     lines.append(f"  llama.cpp backend: {hw['backend']}   machine id {hw['machine_id']}")
     build = hw.get("llama_cpp")
@@ -167,7 +160,7 @@ def _settings_lines(settings: dict[str, dict[str, Any]], width: int | None) -> l
     lines = []
     for name, entry in settings.items():
         value = entry["value"]
-        shown = f"{value} ({_size(value)})" if name in _BYTES_SETTINGS else str(value)
+        shown = f"{value} ({size(value)})" if name in _BYTES_SETTINGS else str(value)
         lines += _wrap(f"  {name:<25} {shown:<24} {entry['reason']}", width, _REASON_COLUMN)
     return lines
 

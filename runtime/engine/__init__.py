@@ -5,8 +5,9 @@ grammars, the loader and the smoke check of llama.cpp's buffers.
 Names load on first use: the fake engine and the light parts never import llama.cpp.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import on_first_use as _on_first_use
 
 if TYPE_CHECKING:
     from ._build import llama_build_info
@@ -96,10 +97,4 @@ _WHERE = {
     "token_logprob": "._sampling",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _on_first_use(__name__, _WHERE)

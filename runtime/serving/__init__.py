@@ -5,8 +5,9 @@ runtime (``open_runtime`` over the model, ``open_fake_runtime`` over the fake en
 Names load on first use: the parts over the fake engine never import llama.cpp.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import on_first_use as _on_first_use
 
 if TYPE_CHECKING:
     from ._admit import Admitted, check_request, check_sampling
@@ -67,10 +68,4 @@ _WHERE = {
     "session_id_problem": "._sessions",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _on_first_use(__name__, _WHERE)
