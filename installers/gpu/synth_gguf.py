@@ -17,6 +17,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,15 +74,12 @@ def _weights(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     return quants.quantize(data, GGMLQuantizationType.Q8_0)
 
 
-def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
-    """Writes the model to ``path`` (replacing it, whole or not at all: a file that
-    exists is complete, and a later step may reuse it) and returns ``path``."""
+def _describe(
+    w: Any, g: Geometry, tokens: list[str], scores: list[float], types: list[int]
+) -> None:
+    """The header's metadata: the geometry, the tokenizer and the chat template."""
     import gguf
 
-    g, rng = geometry, np.random.default_rng(seed)
-    tokens, scores, types = vocabulary()
-    part = path.with_name(path.name + ".part")
-    w = gguf.GGUFWriter(str(part), "llama")
     w.add_name(f"warmstart synthetic llama {g.n_layer}x{g.n_embd}")
     w.add_context_length(g.n_ctx_train)
     w.add_embedding_length(g.n_embd)
@@ -102,6 +100,18 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
+    """Writes the model to ``path`` (replacing it, whole or not at all: a file that
+    exists is complete, and a later step may reuse it) and returns ``path``."""
+    import gguf
+
+    g, rng = geometry, np.random.default_rng(seed)
+    tokens, scores, types = vocabulary()
+    part = path.with_name(path.name + ".part")
+    w = gguf.GGUFWriter(str(part), "llama")
+    _describe(w, g, tokens, scores, types)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
     n_vocab, kv = len(tokens), g.n_head_kv * g.head_dim
