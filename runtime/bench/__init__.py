@@ -1,8 +1,21 @@
 """The benchmarks: `warmstart bench` (in-process, one model) and `make bench-peers`
-(warmstart against llama-server and hearth-llm, side by side, in one run)."""
+(warmstart against llama-server and hearth-llm, side by side, in one run).
 
-from ._bench import run_bench
+Names load on first use: the timed child processes run ``python -m`` on a module of
+this package, which must not be imported before it runs as ``__main__``.
+"""
+
+from typing import TYPE_CHECKING
+
+from .._lazy import on_first_use as _on_first_use
+
+if TYPE_CHECKING:
+    from ._bench import run_bench
 
 __all__ = [
     "run_bench",
 ]
+
+_WHERE = {"run_bench": "._bench"}
+
+__getattr__ = _on_first_use(__name__, _WHERE)
