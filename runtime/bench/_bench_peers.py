@@ -204,7 +204,3 @@ def render(
     if trace:
         out += ["", _peers.trace_table(trace, plan)]
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

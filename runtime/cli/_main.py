@@ -46,7 +46,3 @@ def _reader_left() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
