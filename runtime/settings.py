@@ -109,9 +109,17 @@ class Settings(BaseSettings):
     )
     exact_replies: bool = Field(
         True,
-        description="re-prefill each reply in aligned batches after it is sent, so that a "
-        "cached turn equals --no-cache bit for bit; off saves that work and later turns "
-        "may differ slightly from --no-cache",
+        description="no effect, kept so that older configs load: a cached turn always "
+        "equals --no-cache bit for bit (see step_replies)",
+    )
+    step_replies: bool | None = Field(
+        None,
+        description="prefill each earlier reply of a chat a token at a time, as it was "
+        "decoded: the next turn then reuses the decoded reply exactly and prefills only "
+        "its new message, even sent the moment the reply ends, and a history the cache "
+        "never saw prefills its replies at decode speed; off, a reply is re-prefilled in "
+        "batches after it is sent. Default: on unless layers are offloaded to a GPU, "
+        "where that re-prefill is cheap",
     )
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")

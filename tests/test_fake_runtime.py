@@ -169,7 +169,7 @@ def test_close_is_idempotent_and_ends_pending_streams(tmp_path: Path) -> None:
 
 
 def test_a_session_deleted_while_its_chunks_are_kept_stays_deleted(tmp_path: Path) -> None:
-    """The reply's re-prefill and capture run after its Done (slow here: 20 ms a
+    """Settling the reply and the capture run after its Done (slow here: 20 ms a
     token); a delete in between is not undone when they save the chunks' key."""
     runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.02))
     try:
@@ -177,5 +177,20 @@ def test_a_session_deleted_while_its_chunks_are_kept_stays_deleted(tmp_path: Pat
         assert runtime.delete_session("gone")
         assert runtime.wait_idle(60)
         assert runtime.session("gone") is None and not runtime.delete_session("gone")
+    finally:
+        runtime.close()
+
+
+def test_the_stores_writes_wait_while_a_client_waits(tmp_path: Path) -> None:
+    """While a request is prefilled or decoded the disk writes hold (they would take a
+    core from the engine's threads); once its client has the answer they go."""
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.01))
+    try:
+        assert runtime.store is not None
+        transfers = runtime.store.transfers
+        stream = runtime.generate(Request(messages=(Message("user", "a question"),)))
+        seen = [transfers.quiet for _ in stream]  # during the stream: a client waits
+        assert not any(seen[:-1])
+        assert runtime.wait_idle(60) and transfers.quiet
     finally:
         runtime.close()

@@ -24,8 +24,8 @@ def recompute(rt, request):  # type: ignore[no-untyped-def]
 
 
 def assert_same(a: np.ndarray, b: np.ndarray) -> None:
-    """Bit for bit: every prefill computes the same batches, cold or restored, and a
-    reply's tokens are re-prefilled in them after it is sent."""
+    """Bit for bit: every prefill computes the same batches, cold or restored, and
+    steps through a reply a token at a time, as it was decoded."""
     np.testing.assert_array_equal(a, b)
 
 

@@ -1,11 +1,11 @@
 """Whole-history resends reuse the whole history (issue 18, item 3), exactly.
 
-Prefill batches end where each message starts, so a later turn's prompt, which holds
-the earlier messages at the same places, computes the same batches up to its new
-message; the reply (decoded a token at a time) is re-prefilled in those batches after
-its client has it. Each turn of a chat and each step of a tool loop then prefills only
-what is new, and greedy replies still equal ``--no-cache``, including when a step is
-sent the moment the previous reply ends (its own prefill does the re-prefill then).
+Prefill batches end where each message starts, and a prefill steps through each reply
+a token at a time, as it was decoded; so a later turn's prompt, which holds the earlier
+messages at the same places, computes the same batches up to its new message, and the
+decoded reply is already what it computes. Each turn of a chat and each step of a tool
+loop then prefills only what is new, and greedy replies still equal ``--no-cache``,
+including when a step is sent the moment the previous reply ends.
 """
 
 from __future__ import annotations
@@ -55,11 +55,15 @@ def _chat(messages: tuple[Message, ...], max_tokens: int = 12, **more: object) -
     return Request(messages=messages, sampling=Sampling(max_tokens=max_tokens), **more)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("step_replies", [True, False], ids=["stepped", "re-prefilled"])
 def test_each_turn_of_a_chat_reuses_everything_before_its_new_message(
-    make_runtime, tmp_path
+    make_runtime, tmp_path, step_replies
 ) -> None:  # type: ignore[no-untyped-def]
-    rt = make_runtime(tmp_path / "cached")
-    oracle = make_runtime(tmp_path / "oracle", no_cache=True)
+    """Either way a reply gets into the next turn's batches: stepped through as it was
+    decoded (the default on a CPU), or re-prefilled in batches after it is sent (the
+    default where layers are offloaded to a GPU)."""
+    rt = make_runtime(tmp_path / "cached", step_replies=step_replies)
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, step_replies=step_replies)
     messages: tuple[Message, ...] = (SYSTEM, Message("user", "Name a colour."))
     for follow in ("Another one?", "And a third?", None):
         request = _chat(messages)
@@ -71,6 +75,26 @@ def test_each_turn_of_a_chat_reuses_everything_before_its_new_message(
         if follow is None:
             break
         messages = (*messages, reply, Message("user", follow))
+
+
+def test_a_turn_sent_at_once_reuses_the_reply_as_it_was_decoded(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A prefill steps through a reply a token at a time, as it was decoded, so the
+    decoded KV is the next turn's own: sent the moment the reply ends, turn 2 finds the
+    reply live and prefills only its end-of-turn markup and the new message (llama-
+    server reuses the decoded reply too, without the guarantee), and its reply still
+    equals ``--no-cache``."""
+    rt = make_runtime(tmp_path / "cached", step_replies=True)
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, step_replies=True)
+    messages: tuple[Message, ...] = (SYSTEM, Message("user", "Name a colour."))
+    first = _chat(messages, 24)
+    reply, _ = _reply(rt, first, wait=False)
+    second = _chat((*messages, reply, Message("user", "Another one?")), 24)
+    again, cached = _reply(rt, second, wait=False)
+    assert again.content == _reply(oracle, second)[0].content
+    # all of the history but the reply's end-of-turn markup (and its last token, when
+    # max_tokens cut it: sampled, never decoded)
+    history = _history_tokens(rt, second.messages[:-1], second)
+    assert cached >= history - 3, (cached, history)
 
 
 def _said(message: Message) -> tuple[str, list[tuple[str, str]]]:
@@ -97,8 +121,9 @@ def _tool_loop(rt, wait: bool) -> list[tuple[Request, Message, int]]:  # type: i
 def test_a_tool_loop_sent_at_once_equals_no_cache_and_reuses_when_idle(
     make_runtime, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """Sent the moment the previous reply ends, a step takes the reply's re-prefill into
-    its own prefill; sent once the runtime is idle, it finds everything before its new
+    """Sent the moment the previous reply ends, a step takes what is left of settling
+    the reply (a tool call is rendered otherwise than it was sampled) into its own
+    prefill; sent once the runtime is idle, it finds everything before its new
     message. Either way its reply equals ``--no-cache``."""
     rt = make_runtime(tmp_path / "cached")
     at_once = _tool_loop(rt, wait=False)

@@ -24,6 +24,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "n_threads",
         "decode_threads",
         "exact_replies",
+        "step_replies",
         "n_gpu_layers",
         "type_kv",
         "flash_attn",
@@ -200,7 +201,7 @@ def _add(group: Any, name: str, field: FieldInfo, hidden: bool = False) -> None:
             default=None,
             help=shown,
         )
-        if field.default is True:  # a setting that is on by default can be turned off
+        if field.default is not False:  # on (or chosen) by default: it can be turned off
             group.add_argument(
                 "--no-" + name.replace("_", "-"),
                 dest=name,

@@ -92,6 +92,9 @@ class EngineConfig:
     type_kv: str = "f16"
     # the KV caches' per-cell layout, kept with the calibration: no probe decode at start
     kv_layout: tuple[_kvblob.CacheLayout, ...] | None = None
+    # a prefill steps through earlier replies a token at a time, as they were decoded
+    # (see ``_turn_starts``); off, a reply is re-prefilled in batches after it is sent
+    step_replies: bool = True
 
 
 class LlamaEngine(Residents):
@@ -224,21 +227,34 @@ class LlamaEngine(Residents):
         return ids, tuple(sorted(anchors))
 
     def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """Where each turn opens, and around each assistant opening its end and the two
-        tokens before it: the prompt's own last batches (see ``batch_cuts``' tail) are
-        then batches of every later turn too, so the live prompt, not only what comes
-        before its opening, is kept for the next turn, and a repeat decodes nothing (the
-        sequence keeps the logits its prompt ended with, see ``live_prefix``)."""
+        """Where prefill batches end besides every ``chunk_tokens`` (see ``batch_cuts``):
+        where each turn but the assistant's opens; the end of each assistant opening
+        and the two tokens before it, so the prompt's own last batches (``batch_cuts``'
+        tail) are batches of every later turn too, and a repeat decodes nothing (the
+        sequence keeps the logits its prompt ended with, see ``live_prefix``); and
+        every token of a reply, up to the control token that closes it. A reply is
+        prefilled a token at a time, as it was decoded, so its KV, live or stored, is
+        what a cold prefill of the next turn computes (a token's KV depends on its
+        batch, DESIGN.md "Numerics"), and the next turn prefills only what follows the
+        reply: its end-of-turn markup (one batch), then the new message and its tail.
+        Without ``step_replies`` a reply is prefilled in batches, and a finished one
+        is re-prefilled in them in the background (the pipeline's ``_settle``)."""
         opener = self.opener
         if not opener:
             return ()
-        n, out = len(opener), set()
-        for i, token in enumerate(ids):
-            if token != opener[0] or i == 0:
+        n, out = len(opener), set[int]()
+        starts = [i for i, token in enumerate(ids) if token == opener[0]]
+        for k, i in enumerate(starts):
+            if list(ids[i : i + n]) != opener:
+                out.update((i,) if i else ())
                 continue
-            out.add(i)
-            if list(ids[i : i + n]) == opener:
-                out.update(c for c in (i + n - TAIL_TOKENS, i + n) if c > i)
+            c = i + n  # where the reply starts
+            out.update(x for x in (c - TAIL_TOKENS, c) if x > 0)
+            if not self.config.step_replies:
+                continue
+            nxt = starts[k + 1] if k + 1 < len(starts) else len(ids)
+            end = next((p for p in range(c, nxt) if self.prompter.is_control(ids[p])), nxt)
+            out.update(range(c + 1, end + 1))
         return tuple(sorted(out))
 
     def _find_opener(self) -> list[int]:

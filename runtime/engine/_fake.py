@@ -70,6 +70,24 @@ def render(messages: Sequence[Message], generation: bool = True) -> str:
     return " ".join([*parts, "<|assistant|> :"] if generation else parts)
 
 
+def _anchors(words: Sequence[str]) -> list[int]:
+    """Where prefill batches end, as the real engine's (``_turn_starts``): where each
+    turn but the assistant's opens; where the
+    assistant's opening ends (two tokens, so the prompt's own tail batch is a batch of
+    the next turn too) and the two before it; every token of a reply, up to its end."""
+    out: list[int] = []
+    for i, w in enumerate(words):
+        if w.strip() not in ROLES:
+            continue
+        if w.strip() != OPENER:
+            out += [i] if i else []
+            continue
+        c = i + 2
+        end = next((p for p in range(c, len(words)) if words[p] == END), len(words))
+        out += [x for x in (c - 2, c) if x > 0] + list(range(c + 1, end + 1))
+    return out
+
+
 def reply_text(request: Request) -> str:
     """The whole reply before max_tokens and stop apply: deterministic when greedy."""
     last_user = [m.content for m in request.messages if m.role == "user"]
@@ -207,10 +225,7 @@ class FakeEngine(Residents):
             messages = plan.messages if plan else request.messages
             words = tokenize(render(messages, generation))
             ids = self.model.ids(words)
-            anchors = [i for i, w in enumerate(words) if i and w.strip() in ROLES]
-            # the opener's end, as the real engine's: two tokens, so the prompt's own
-            # tail batch (batch_cuts) is a batch of the next turn too
-            anchors += [i + 2 for i, w in enumerate(words) if w.strip() == OPENER]
+            anchors = _anchors(words)
         if generation:
             self._remember(ids, self._script(request, plan))
         return ids, tuple(sorted(set(anchors)))

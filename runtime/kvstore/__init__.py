@@ -3,7 +3,14 @@ zstd-compressed disk tier) and a transfer worker moves the bytes (docs/architect
 
 from ._disk import DiskTier, directory_problem, drop_chunks, reset_directory
 from ._index import read_index, unshared
-from ._keys import TAIL_TOKENS, aligned_cuts, batch_cuts, common_prefix, decode_groups
+from ._keys import (
+    TAIL_TOKENS,
+    aligned_cuts,
+    batch_cuts,
+    chunk_spans,
+    common_prefix,
+    decode_groups,
+)
 from ._plans import LoadPlan
 from ._pool import RamPool
 from ._pressure import MemoryWatcher
@@ -18,6 +25,7 @@ __all__ = [
     "TieredStore",
     "aligned_cuts",
     "batch_cuts",
+    "chunk_spans",
     "common_prefix",
     "decode_groups",
     "directory_problem",

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Sequence
 
 KEY_BYTES = 16
+Span = tuple[int, int, bool]  # a stored chunk's positions [start, end), and if stepped
 TAIL_TOKENS = 2  # a prompt's last tokens, always decoded together, never restored
 
 
@@ -22,8 +23,31 @@ def root_key(fingerprint: str) -> bytes:
     ).digest()
 
 
-def chunk_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(parent + array("i", tokens).tobytes(), digest_size=KEY_BYTES).digest()
+def chunk_key(parent: bytes, tokens: Sequence[int], stepped: bool = False) -> bytes:
+    """``stepped``: the chunk is a run of one-token batches (see :func:`chunk_spans`),
+    which gives other KV bits than one batch of the same tokens: another key."""
+    mark = b"\x01" if stepped else b""
+    data = parent + array("i", tokens).tobytes() + mark
+    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
+
+
+def chunk_spans(ends: Sequence[int], start: int = 0, run_tokens: int = 0) -> list[Span]:
+    """The chunks a store keeps along batch ``ends`` (from position ``start``): one per
+    batch, but a run of one-token batches (a reply, decoded a token at a time, and
+    what a prefill steps through the same way, see ``Prompter.turn_starts``) is one
+    chunk, cut where a multiple of ``run_tokens`` falls (0: nowhere) and at its end.
+    (start, end, stepped) each; a span is stepped when it holds several batches."""
+    spans: list[Span] = []
+    c0 = prev = start
+    for i, end in enumerate(ends):
+        single = end - prev == 1
+        nxt = ends[i + 1] - end if i + 1 < len(ends) else 0
+        inside = single and nxt == 1 and not (run_tokens and end % run_tokens == 0)
+        if not inside:
+            spans.append((c0, end, end - c0 > 1 and single))
+            c0 = end
+        prev = end
+    return spans
 
 
 def batch_cuts(
@@ -44,7 +68,9 @@ def batch_cuts(
     if n_tokens <= 0:
         return []
     stop = max(n_tokens - tail, 0)
-    cuts = set(range(chunk_tokens, stop, chunk_tokens))
+    # multiples inside the tail too: the next turn has them, and its batches over this
+    # prompt must be this prompt's own
+    cuts = set(range(chunk_tokens, n_tokens, chunk_tokens))
     cuts.update(a for a in anchors if 0 < a < stop)
     cuts.update(c for c in (stop, n_tokens) if c > 0)
     return sorted(cuts)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._keys import chunk_key
+from ._keys import Span, chunk_key
 
 
 @dataclass
@@ -94,16 +94,17 @@ class Ledger:
     def children(self, parent: bytes) -> list[Record]:
         return [self.records[k] for k in self._children.get(parent, ())]
 
-    def lookup(self, root: bytes, ids: Sequence[int], cuts: Sequence[int]) -> list[Hit]:
-        """The longest cached prefix of ``ids`` made of whole chunks, one per batch of
-        ``cuts`` (the batch ends a prefill of ``ids`` uses): a chunk computed in any
-        other batch would restore different bits than a cold prefill computes."""
+    def lookup(self, root: bytes, ids: Sequence[int], spans: Sequence[Span]) -> list[Hit]:
+        """The longest cached prefix of ``ids`` made of whole chunks, one per span of
+        its batches (``chunk_spans`` of the batch ends a prefill of ``ids`` uses): a
+        chunk computed in any other batches would restore other bits than a cold
+        prefill computes."""
         hits: list[Hit] = []
         parent, pos = root, 0
-        for end in cuts:
+        for _, end, stepped in spans:
             if end > len(ids):
                 break
-            record = self.records.get(chunk_key(parent, ids[pos:end]))
+            record = self.records.get(chunk_key(parent, ids[pos:end], stepped))
             if record is None or record.doomed or record.start != pos:
                 break
             hits.append(Hit(record, end - pos))

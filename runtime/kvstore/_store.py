@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import CacheError, DiskFull, DiskUnavailable
 from ._disk import DiskTier, DiskUsage
 from ._index import unshared
-from ._keys import chunk_key, root_key
+from ._keys import chunk_key, chunk_spans, root_key
 from ._ledger import Ledger, Record
 from ._plans import Load, LoadPlan, Read, Save, StorePlan
 from ._pool import RamPool
@@ -48,10 +48,14 @@ class TieredStore:
         reopen: Callable[[], DiskTier] | None = None,
         disk_problem: str | None = None,
         retry_s: float = 30.0,
+        run_tokens: int = 1,
     ) -> None:
         """``reopen`` opens the disk tier again (raising DiskUnavailable): with it, a
         tier that could not be opened (``disk`` None, ``disk_problem`` saying why) or
-        stopped being writable is tried again every ``retry_s`` seconds."""
+        stopped being writable is tried again every ``retry_s`` seconds. ``run_tokens``:
+        the longest chunk a run of one-token batches is kept in (see ``chunk_spans``;
+        1: a chunk for each)."""
+        self.run_tokens = run_tokens
         self.root = root_key(fingerprint)
         self.pool = pool
         self.disk = disk
@@ -148,7 +152,8 @@ class TieredStore:
         a staging memory of ``staging_bytes``, one after another while it lasts."""
         with self._lock:
             records = []
-            for hit in self.ledger.lookup(self.root, ids, cuts):
+            spans = chunk_spans(cuts, 0, self.run_tokens)
+            for hit in self.ledger.lookup(self.root, ids, spans):
                 if hit.record.tier is None:
                     break
                 records.append(hit.record)
@@ -243,17 +248,17 @@ class TieredStore:
         the whole sequence from position 0)."""
         keys, saves = [], []
         parent = self.root if parent is None else parent
-        c0 = start
+        spans = chunk_spans(ends, start, self.run_tokens)
         with self._lock:
-            for c1 in ends:
+            for c0, c1, stepped in spans:
                 segment = tuple(tokens[c0 - start : c1 - start])
-                key = chunk_key(parent, segment)
+                key = chunk_key(parent, segment, stepped)
                 if key not in self:
                     buffer, slot = self._reserve(size(len(segment)))
                     saves.append(Save(key, parent, c0, segment, buffer, slot))
                 keys.append(key)
-                parent, c0 = key, c1
-        return StorePlan(list(ends), keys, saves)
+                parent = key
+        return StorePlan([c1 for _, c1, _ in spans], keys, saves)
 
     def _reserve(self, nbytes: int) -> tuple[np.ndarray, int | None]:
         """Room for ``nbytes``: a pool slot when one can be had, else a buffer."""

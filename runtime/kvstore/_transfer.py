@@ -6,7 +6,10 @@ they go, what is pinned meanwhile. This worker moves them:
 - disk -> staging or a RAM pool slot, on the caller's thread, because a restore
   waits for those bytes (``load``, ``read``, ``promote``);
 - RAM -> disk and deletions, in the background on its own thread (``kv-writer``),
-  in the order asked, so the user never waits for a write-through.
+  in the order asked, so the user never waits for a write-through; a write waits
+  while a request is being prefilled or decoded (``hold``), at most ``HOLD_S``:
+  where the engine's threads fill the cores, compressing a chunk beside them would
+  slow every one of their steps.
 
 Each move ends with a report (``end_read``, ``written``) through which the store
 lands, keeps or forgets the chunk. The engine moves the bytes between the context
@@ -34,12 +37,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HOLD_S = 2.0  # the longest a write waits for the engine to be quiet
+
 
 class Transfers:
     def __init__(self, store: TieredStore) -> None:
         self._store = store
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="kv-writer", daemon=True)
+        self._quiet = threading.Event()  # no request is being prefilled or decoded
+        self._quiet.set()
 
     def start(self) -> None:
         self._thread.start()
@@ -104,6 +111,19 @@ class Transfers:
     def delete(self, key: bytes) -> None:
         self._queue.put(("delete", key))
 
+    def hold(self, busy: bool) -> None:
+        """A request is being prefilled or decoded (``busy``), or none is any more:
+        writes wait for the engine to be quiet, at most ``HOLD_S`` each."""
+        if busy:
+            self._quiet.clear()
+        else:
+            self._quiet.set()
+
+    @property
+    def quiet(self) -> bool:
+        """No request is being computed: writes go at once."""
+        return self._quiet.is_set()
+
     def wake(self) -> None:
         """A turn of the writer now (it tries a degraded disk tier again)."""
         self._queue.put(("noop", None))
@@ -119,6 +139,7 @@ class Transfers:
             return done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
 
     def close(self) -> None:
+        self._quiet.set()  # what is queued is written now
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
@@ -137,6 +158,7 @@ class Transfers:
                     return
                 op, arg = item
                 if op == "put":
+                    self._quiet.wait(HOLD_S)
                     self._write_one(*arg)
                 elif op == "delete" and store.disk is not None:
                     store.disk.delete(arg)

@@ -84,12 +84,12 @@ class LocalRuntime:
             self.tuning,
             self.rates,
             self.book,
-            exact_replies=settings.exact_replies,
         )
         self._requests = 0  # counted by the submitting threads, under the worker's lock
         self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
-        self.worker = Worker(self.engine, self.tuning.resident_sequences)
+        hold = self.store.transfers.hold if self.store is not None else None
+        self.worker = Worker(self.engine, self.tuning.resident_sequences, on_busy=hold)
         self.counters = self.worker.counters
         waiting = self.worker.waiting
         self._embeds = EmbeddingQueue(self.worker.lock, settings.max_queue, lambda: len(waiting))
@@ -141,6 +141,7 @@ class LocalRuntime:
             reopen=open_disk,
             disk_problem=problem,
             retry_s=s.disk_retry_s,
+            run_tokens=t.chunk_tokens,
         )
 
     # requests ------------------------------------------------------------------------------

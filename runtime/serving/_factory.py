@@ -23,6 +23,7 @@ from ..engine import (
     FakeOptions,
     LlamaEngine,
     fingerprint_of,
+    gpu_offload_supported,
     on_own_thread,
 )
 from ..hardware import Calibration, HardwareProfile, load_or_calibrate, probe
@@ -178,7 +179,16 @@ def engine_config(
         flash_attn=s.flash_attn,
         type_kv=s.type_kv,
         kv_layout=kv_layout,
+        step_replies=_step_replies(s, n_gpu_layers),
     )
+
+
+def _step_replies(settings: Settings, n_gpu_layers: int) -> bool:
+    """Stepping through replies pays where a re-prefill is dear (a CPU) and a decode
+    step not much dearer than a prefilled token; on a GPU it is the other way round."""
+    if settings.step_replies is not None:
+        return settings.step_replies
+    return n_gpu_layers == 0 or not gpu_offload_supported()
 
 
 def build_runtime(

@@ -17,13 +17,22 @@ import logging
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..engine import Engine, Resident, TextAssembler, TokenSampler, reusable, token_logprob
 from ..errors import EngineError, WarmstartError
-from ..kvstore import TAIL_TOKENS, LoadPlan, TieredStore, aligned_cuts, batch_cuts, decode_groups
+from ..kvstore import (
+    TAIL_TOKENS,
+    LoadPlan,
+    TieredStore,
+    aligned_cuts,
+    batch_cuts,
+    chunk_spans,
+    decode_groups,
+)
 from ..policy import Rates, Tuning, decide_restore
 from ..types import Message, Report, TokenLogprob
 from ._streams import QueueStream
@@ -45,7 +54,6 @@ class Env:
     tuning: Tuning
     rates: Rates
     sessions: SessionBook | None
-    exact_replies: bool = True
 
 
 class Job:
@@ -73,9 +81,10 @@ class Job:
         self.background = False  # the client has its answer: what is left can wait
         # in the prompt's prefill: a cancel stops the decode in progress (see core)
         self.prefilling = False
-        # the conversation's next request is here: the reply's re-prefill is that
-        # request's own prefill (it continues in the same sequence, in the same
-        # batches), so it is skipped; the capture of the prompt's chunks is not
+        # the conversation's next request is here: what is left of the reply (its
+        # end-of-turn steps) is that request's own prefill (it continues in the same
+        # sequence, in the same batches), so it is skipped; the capture of the
+        # prompt's chunks is not
         self.preempted = False
         self.captured = False  # the prompt's chunks are kept (after the reply)
         self.t0 = time.perf_counter()
@@ -143,9 +152,9 @@ class Job:
             if last:
                 engine.keep_logits(res)
             else:
-                if engine.model.n_swa > 0:
+                if engine.model.n_swa > 0 and ends[-1] in self._chunk_ends:
                     # a sliding-window cache keeps only the window's cells in a
-                    # snapshot: cut each batch's chunk while it is still inside
+                    # snapshot: cut each chunk while it is still inside
                     self._keep(res, list(res.bounds))
                 yield
         return True
@@ -186,6 +195,12 @@ class Job:
         leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
         if leaf is not None:
             self._save_session(leaf, len(res.tokens), kept=True)
+
+    @cached_property
+    def _chunk_ends(self) -> set[int]:
+        """Where the prompt's stored chunks end (a run of one-token batches is one)."""
+        run = self.env.tuning.chunk_tokens
+        return {end for _, end, _ in chunk_spans(self.cuts, 0, run)}
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
@@ -241,7 +256,10 @@ class Job:
         if not ends or ends[-1] <= live:
             self.report.decision += " (chunk missing: recomputed)"
             return live
-        if not self.env.engine.restore(res, blobs, self.ids, ends):
+        # the batches the prefix was computed in: the prompt's own (a chunk stands for
+        # one, or for a run of one-token ones)
+        bounds = [c for c in self.cuts if c <= ends[-1]]
+        if not self.env.engine.restore(res, blobs, self.ids, bounds):
             log.warning("llama.cpp refused the cached prefix; recomputing the prompt")
             self.report.restored = dict.fromkeys(self.report.restored, 0)
             self.report.decision = "restore refused: recomputed"
@@ -331,17 +349,20 @@ class Job:
         return store.complete_store(plan)
 
     def _settle(self, res: Resident) -> Generator[None, None, bytes | None]:
-        """Re-prefills the reply (decoded one token at a time) in the batches the next
-        turn's prompt is prefilled in, after the client has its answer, and stores
-        those chunks: the next turn then holds, live and stored, what a cold prefill of
-        its history computes, up to its new message. Returns the key of the last chunk.
+        """Brings the sequence to the next turn's prompt, up to its new message, after
+        the client has its answer, and stores those chunks: the next turn then holds,
+        live and stored, what a cold prefill of its history computes. Returns the key
+        of the last chunk.
 
-        The next prompt is this one's messages and the reply, as the template renders
-        them (so with the reply's end-of-turn markup and the next turn's opening);
-        a client that sends the history back otherwise reuses less, never wrong KV."""
-        if self.preempted:  # the next turn is here and prefills the reply itself
+        A prefill steps through a reply a token at a time, as it was decoded (see
+        ``Engine.prompt_ids``), so the decoded KV is kept as it is: what is left is the
+        reply's end-of-turn markup, and whatever follows a place where the reply, as
+        the template renders it, is tokenized otherwise than it was sampled. The next
+        prompt is this one's messages and the reply, as the template renders them; a
+        client that sends the history back otherwise reuses less, never wrong KV."""
+        if self.preempted:  # the next turn is here and prefills what is left itself
             return None
-        if not (self.cached and self.env.exact_replies and len(res.tokens) > len(self.ids)):
+        if not (self.cached and len(res.tokens) > len(self.ids)):
             return None
         target, cuts = self._next_prompt(res)
         engine = self.env.engine

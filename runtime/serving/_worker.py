@@ -4,8 +4,9 @@ thread-safe), and the queue it serves.
 Requests wait in arrival order and are admitted while a resident sequence is free;
 the worker then advances every admitted request one bounded step at a time, round
 robin, so conversations are served fairly. Work whose client already has its answer
-(the capture of a prompt's chunks, a reply's re-prefill) yields to any request whose
-client waits, and a request that arrives interrupts such work's decode at once.
+(the capture of a prompt's chunks, the steps that settle a reply) yields to any
+request whose client waits, and a request that arrives interrupts such work's decode
+at once.
 
 After each step the worker publishes a frozen view (_view.py) of the resident
 sequences, its counters and recent events: readers on other threads take that view,
@@ -45,8 +46,18 @@ class Worker:
     """``lock`` guards the queue: the runtime takes it to decide a request's admission
     (its embedding queue shares it, so replies and embeddings are one decision)."""
 
-    def __init__(self, engine: Engine, resident_sequences: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        resident_sequences: int,
+        on_busy: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``on_busy(True)`` when a request's client starts waiting on the engine (a
+        request queued, or one whose prompt or reply is being computed), and
+        ``on_busy(False)`` when none is any more: the store's writes wait meanwhile."""
         self.engine = engine
+        self._on_busy = on_busy
+        self._busy = False
         self._slots = resident_sequences
         self._views = ViewBook()
         self.counters = self._views.counters  # the worker's: only it counts here
@@ -69,6 +80,7 @@ class Worker:
         """Queues an admitted job (the caller holds ``lock`` and has checked the room)."""
         with self._cv:
             self.waiting.append(job)
+            self._set_busy(True)
             if self.in_background:  # a request waits: the background decode stops now
                 self.engine.interrupt(True)
             self._idle.clear()
@@ -132,6 +144,7 @@ class Worker:
                     active.append((job, job.steps()))
                 calls = list(self._calls)
                 self._calls.clear()
+                self._set_busy(bool(self.waiting) or any(not j.background for j, _ in active))
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -144,11 +157,18 @@ class Worker:
                 if not active and not self.waiting:
                     self._idle.set()
 
+    def _set_busy(self, busy: bool) -> None:
+        """(lock held) Tells ``on_busy`` when a client starts or stops waiting."""
+        if busy != self._busy and self._on_busy is not None:
+            self._on_busy(busy)
+        self._busy = busy
+
     def _preempt_for_followups(self, active: Active) -> None:
         """A conversation's next request is waiting (an agent loop, a client that sends
-        the follow-up at once): the previous reply's re-prefill is what that request
-        prefills anyway, in the same batches, so the old job ends now (its prompt's
-        chunks captured, its session saved) instead of making the new one wait."""
+        the follow-up at once): what is left of settling the previous reply is what
+        that request prefills anyway, in the same batches, so the old job ends now (its
+        prompt's chunks captured, its session saved) instead of making the new one
+        wait."""
         waiting = {j.admitted.session_id for j in self.waiting if j.admitted.session_id}
         for job, steps in list(active):
             if not (job.background and job.admitted.session_id in waiting):
@@ -166,10 +186,10 @@ class Worker:
                 self._account(job)
 
     def _step(self, active: Active) -> None:
-        # work whose client already has its answer (capture, a reply's re-prefill) waits
+        # work whose client already has its answer (capture, settling a reply) waits
         # while any request still has a client waiting; among it, captures come first:
         # a request that shares a prompt finds its chunks stored sooner, whatever
-        # re-prefills are queued
+        # settling is queued
         first = min(range(len(active)), key=lambda i: _rank(active[i][0]))
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
@@ -200,7 +220,7 @@ class Worker:
                 self.engine.interrupt(False)
 
     def _mark_background(self, running: bool) -> bool:
-        """Background work (a reply's re-prefill) is running, or no longer: a request
+        """Background work (settling a reply) is running, or no longer: a request
         queued meanwhile interrupts its decode (see ``enqueue``), which is redone
         after it. Cleared before any request's own step, under the same lock."""
         with self._cv:

@@ -6,6 +6,7 @@ from warmstart.runtime.kvstore._keys import (
     aligned_cuts,
     batch_cuts,
     chunk_key,
+    chunk_spans,
     common_prefix,
     decode_groups,
     root_key,
@@ -53,6 +54,38 @@ def test_every_message_start_ends_a_batch_and_a_later_turn_shares_them() -> None
     turn2 = batch_cuts(420, 128, anchors=(40, 120, 297, 340))
     assert [c for c in turn1 if c <= 297] == [c for c in turn2 if c <= 297]
     assert 340 in turn2
+
+
+def test_a_multiple_inside_the_tail_ends_a_batch_as_in_the_next_turn() -> None:
+    """The next turn's prompt has every multiple below its own tail, so this prompt's
+    tail is cut there too: its last batches are the next turn's."""
+    assert batch_cuts(129, 128) == [127, 128, 129]
+    turn2 = batch_cuts(200, 128, anchors=(127, 129))
+    assert [c for c in turn2 if c <= 129] == [127, 128, 129]
+
+
+def test_a_run_of_one_token_batches_is_kept_as_one_chunk() -> None:
+    # a prompt batch, the opener's tail, a reply stepped a token at a time to 12, more
+    ends = [4, 6, 7, 8, 9, 10, 11, 12, 20]
+    assert chunk_spans(ends) == [
+        (0, 4, False),
+        (4, 6, False),
+        (6, 12, True),
+        (12, 20, False),
+    ]
+    # runs are cut where a multiple of run_tokens falls, so a chunk stays small
+    assert chunk_spans(ends, run_tokens=8)[2:4] == [(6, 8, True), (8, 12, True)]
+    # a prefix of the same ends gives the same chunks up to where it stops
+    assert chunk_spans([4, 6]) == chunk_spans(ends)[:2]
+    # from a later start (a store that continues a prefix)
+    assert chunk_spans([7, 8, 15], start=6) == [(6, 8, True), (8, 15, False)]
+    # a single one-token batch between larger ones is a batch of its own
+    assert chunk_spans([4, 5, 9]) == [(0, 4, False), (4, 5, False), (5, 9, False)]
+
+
+def test_a_stepped_chunk_has_its_own_key() -> None:
+    root = root_key("m")
+    assert chunk_key(root, [1, 2], stepped=True) != chunk_key(root, [1, 2])
 
 
 def test_a_reply_is_re_prefilled_along_the_aligned_batches() -> None:

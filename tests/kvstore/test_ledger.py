@@ -1,4 +1,4 @@
-from warmstart.runtime.kvstore._keys import chunk_key, root_key
+from warmstart.runtime.kvstore._keys import chunk_key, chunk_spans, root_key
 from warmstart.runtime.kvstore._ledger import Ledger, Record
 
 ROOT = root_key("fp")
@@ -18,21 +18,21 @@ def add_chain(ledger: Ledger, token_runs: list[list[int]], slot_base: int = 0) -
 def test_lookup_follows_whole_chunks_along_the_batches() -> None:
     ledger = Ledger()
     recs = add_chain(ledger, [[1, 2, 3], [4, 5, 6], [7, 8]])
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 6, 8, 9])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9], chunk_spans([3, 6, 8, 9]))
     assert [h.record for h in hits] == recs and hits[-1].end == 8
     # diverges inside the second chunk: only whole chunks are used
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 9], [3, 6])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 9], chunk_spans([3, 6]))
     assert [(h.record, h.use) for h in hits] == [(recs[0], 3)]
-    assert ledger.lookup(ROOT, [9, 9], [2]) == []
+    assert ledger.lookup(ROOT, [9, 9], chunk_spans([2])) == []
 
 
 def test_a_chunk_from_other_batches_is_never_used() -> None:
     ledger = Ledger()
     add_chain(ledger, [[1, 2], [3, 4]])
     # the same tokens, prefilled in batches ending at 3 and 4: no chunk of [0, 3)
-    assert ledger.lookup(ROOT, [1, 2, 3, 4, 5], [3, 4]) == []
+    assert ledger.lookup(ROOT, [1, 2, 3, 4, 5], chunk_spans([3, 4])) == []
     longer = add_chain(ledger, [[1, 2], [3, 4, 5, 6]])[1]
-    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 0], [2, 6])
+    hits = ledger.lookup(ROOT, [1, 2, 3, 4, 5, 6, 0], chunk_spans([2, 6]))
     assert hits[-1].record is longer and hits[-1].end == 6
 
 
@@ -70,3 +70,14 @@ def test_demotion_order_protects_first_chunks_and_fresh_promotions() -> None:
     order = ledger.demotion_order(min_residency_s=10)
     assert order[:2] == [cold, warm]
     assert sorted(r.start for r in order[2:]) == [first.start, fresh.start]
+
+
+def test_a_run_of_one_token_batches_is_one_chunk_of_its_own_kind() -> None:
+    """A reply's tokens, decoded (or prefilled) a token at a time, are one chunk; the
+    same tokens prefilled as one batch have other KV bits, so another key."""
+    ledger = Ledger()
+    key = chunk_key(ROOT, [1, 2, 3], stepped=True)
+    ledger.add(Record(key, ROOT, 0, (1, 2, 3), 300, slot=0))
+    stepped = ledger.lookup(ROOT, [1, 2, 3, 4, 5], chunk_spans([1, 2, 3, 5]))
+    assert [(h.record.key, h.end) for h in stepped] == [(key, 3)]
+    assert ledger.lookup(ROOT, [1, 2, 3, 4, 5], chunk_spans([3, 5])) == []

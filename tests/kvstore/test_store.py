@@ -200,3 +200,17 @@ def test_a_store_plan_keeps_the_prefix_up_to_the_first_failed_cut(tmp_path: Path
     assert store.complete_store(again, ok=False) is None
     assert store.pool.used_slots == 1 and store.stats()["chunks"] == 1
     store.close()
+
+
+def test_a_write_waits_while_a_request_is_computed(tmp_path: Path) -> None:
+    """Compressing a chunk beside the engine's threads would slow their steps: a write
+    waits while the engine is busy with a request (at most HOLD_S), then goes."""
+    store = make(tmp_path)
+    try:
+        store.transfers.hold(True)
+        record = put(store, store.root, 0, [1, 2], blob(9))
+        assert not store.transfers.flush(timeout=0.3) and not record.on_disk
+        store.transfers.hold(False)
+        assert store.transfers.flush(timeout=10) and record.on_disk
+    finally:
+        store.close()
