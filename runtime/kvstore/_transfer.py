@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ class Transfers:
         self._thread = threading.Thread(target=self._loop, name="kv-writer", daemon=True)
         self._quiet = threading.Event()  # no request is being prefilled or decoded
         self._quiet.set()
+        self._flushing = 0  # callers waiting in flush(): the writes go at once
 
     def start(self) -> None:
         self._thread.start()
@@ -132,11 +134,21 @@ class Transfers:
         return self._queue.qsize()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits until every write and deletion asked for so far is done; False when
-        ``timeout`` ran out first."""
+        """Waits until every write and deletion asked for so far is done (they go at
+        once meanwhile, busy engine or not); False when ``timeout`` ran out first."""
         done = self._queue.all_tasks_done
-        with done:
-            return done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
+        self._flushing += 1
+        try:
+            with done:
+                return done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
+        finally:
+            self._flushing -= 1
+
+    def _wait_quiet(self) -> None:
+        """Until no request is computed, a flush waits, or HOLD_S have passed."""
+        deadline = time.monotonic() + HOLD_S
+        while not (self._quiet.is_set() or self._flushing) and time.monotonic() < deadline:
+            self._quiet.wait(0.05)
 
     def close(self) -> None:
         self._quiet.set()  # what is queued is written now
@@ -158,7 +170,7 @@ class Transfers:
                     return
                 op, arg = item
                 if op == "put":
-                    self._quiet.wait(HOLD_S)
+                    self._wait_quiet()
                     self._write_one(*arg)
                 elif op == "delete" and store.disk is not None:
                     store.disk.delete(arg)

@@ -132,6 +132,7 @@ class Worker:
         active: Active = collections.deque()
         while True:
             with self._cv:
+                self._set_busy(bool(self.waiting) or any(not j.background for j, _ in active))
                 while not (self.closing or self.waiting or self._calls or active):
                     self._cv.wait()
                 # stop() drains: a job still waiting (cancelled by a model switch, say)

@@ -1,4 +1,5 @@
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,8 +210,20 @@ def test_a_write_waits_while_a_request_is_computed(tmp_path: Path) -> None:
     try:
         store.transfers.hold(True)
         record = put(store, store.root, 0, [1, 2], blob(9))
-        assert not store.transfers.flush(timeout=0.3) and not record.on_disk
+        time.sleep(0.3)
+        assert not record.on_disk
         store.transfers.hold(False)
-        assert store.transfers.flush(timeout=10) and record.on_disk
+        assert wait_until(lambda: record.on_disk)
+        # a flush does not wait for the engine: the writes go at once
+        store.transfers.hold(True)
+        other = put(store, store.root, 0, [3, 4], blob(10))
+        assert store.transfers.flush(timeout=1.5) and other.on_disk
     finally:
         store.close()
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.02)
+    return bool(predicate())
