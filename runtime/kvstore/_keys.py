@@ -34,7 +34,7 @@ def chunk_key(parent: bytes, tokens: Sequence[int], stepped: bool = False) -> by
 def chunk_spans(ends: Sequence[int], start: int = 0, run_tokens: int = 0) -> list[Span]:
     """The chunks a store keeps along batch ``ends`` (from position ``start``): one per
     batch, but a run of one-token batches (a reply, decoded a token at a time, and
-    what a prefill steps through the same way, see ``Prompter.turn_starts``) is one
+    what a prefill steps through the same way, see ``LlamaEngine._turn_starts``) is one
     chunk, cut where a multiple of ``run_tokens`` falls (0: nowhere) and at its end.
     (start, end, stepped) each; a span is stepped when it holds several batches."""
     spans: list[Span] = []

@@ -132,6 +132,7 @@ class Worker:
         active: Active = collections.deque()
         while True:
             with self._cv:
+                # (admission below changes no job's kind; a job queued meanwhile says so)
                 self._set_busy(bool(self.waiting) or any(not j.background for j, _ in active))
                 while not (self.closing or self.waiting or self._calls or active):
                     self._cv.wait()
@@ -145,7 +146,6 @@ class Worker:
                     active.append((job, job.steps()))
                 calls = list(self._calls)
                 self._calls.clear()
-                self._set_busy(bool(self.waiting) or any(not j.background for j, _ in active))
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
