@@ -107,6 +107,14 @@ class Settings(BaseSettings):
         description="prefill whole aligned chunks together up to this many tokens, where "
         "the calibration found that a token gets the same KV bits either way (0: never)",
     )
+    batch_tile: int | None = Field(
+        None,
+        ge=0,
+        le=8192,
+        description="where a token's KV bits depend only on whether its batch holds at "
+        "least this many tokens (the calibration checks it), batches of one kind are "
+        "prefilled together (0: only whole aligned chunks are)",
+    )
     exact_replies: bool = Field(
         True,
         description="no effect, kept so that older configs load: a cached turn always "

@@ -205,3 +205,36 @@ def test_merged_batches_only_where_they_give_the_same_bits(  # type: ignore[no-u
     b, _ = merged.prompt_logits(request)
     np.testing.assert_array_equal(a, b)
     assert _chunks(one, request) == _chunks(merged, request)
+
+
+def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Where the calibration found that a token's KV bits depend only on its batch's
+    kind (at least ``batch_tile`` tokens, or 2 to one fewer), a prompt's batches of one
+    kind are prefilled together: a system prompt's whole chunks, then its question
+    and tail in one decode, and in turn 2, sent at once, the reply's end-of-turn
+    markup, the new message and its tail. Chunks, logits and replies are the same
+    bytes as prefilled one batch at a time without the cache."""
+    from warmstart.runtime.hardware._calibrate import BATCH_TILE
+
+    one = make_runtime(tmp_path / "one", chunk_tokens=64, merge_batch_tokens=0)
+    if not one.on_worker(lambda: one.engine.batch_kinds(BATCH_TILE)):
+        pytest.skip("this machine's kernels round a token by its batch's size")
+    merged = make_runtime(
+        tmp_path / "merged", chunk_tokens=64, merge_batch_tokens=512, batch_tile=BATCH_TILE
+    )
+    oracle = make_runtime(tmp_path / "oracle", chunk_tokens=64, no_cache=True)
+    system = Message("system", DOCUMENT[:1000])
+    messages = (system, Message("user", "Which crate holds the most bolts?"))
+    probe = Request(messages=messages, sampling=Sampling(max_tokens=1))
+    a, _ = one.prompt_logits(probe)
+    b, _ = merged.prompt_logits(probe)
+    np.testing.assert_array_equal(a, b)
+    assert _chunks(one, probe) == _chunks(merged, probe)
+    first = Request(messages=messages, sampling=Sampling(max_tokens=12))
+    reply, _ = merged.generate(first).text()
+    assert reply == oracle.generate(first).text()[0]
+    follow = (*messages, Message("assistant", reply), Message("user", "And the fewest?"))
+    second = Request(messages=follow, sampling=Sampling(max_tokens=12))
+    again, report = merged.generate(second).text()  # at once: the reply is still settling
+    assert again == oracle.generate(second).text()[0]
+    assert report.cached_tokens > len(merged.engine.prompt_ids(probe)[0])

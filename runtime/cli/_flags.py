@@ -32,6 +32,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "mmap",
         "pinned_staging",
         "merge_batch_tokens",
+        "batch_tile",
         "overflow",
         "history",
         "no_cache",

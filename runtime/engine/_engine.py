@@ -480,6 +480,35 @@ class LlamaEngine(Residents):
         self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same
 
+    def batch_kinds(self, tile: int) -> bool:
+        """Does a token get the same KV bytes in every batch of at least ``tile``
+        tokens, whatever its size and where it starts, and in every batch of 2 to
+        ``tile - 1``? (llama.cpp's CPU flash attention takes a tiled path from 64 query
+        tokens up and a per-row one below it, and neither depends on the batch's size.)
+        Checked on one prompt prefilled twice: long then short batches of two sizes."""
+        longer = 2 * tile + tile // 2 + 7  # neither a multiple of tile nor of its pieces
+        total = 16 + longer + tile - 1
+        ids = self.model.tokenize("Batch kinds and rounding. " * total, add_special=False)
+        ids = ids[:total]
+        res = self.residents[self._probe_seq()]
+
+        def kv(ends: Sequence[int]) -> np.ndarray:
+            self.evict(res, counted=False)
+            prev = 0
+            for end in ends:
+                self.prefill(res, ids[prev:end], False)
+                prev = end
+            out = np.empty(self.blob_bytes(total - 16), dtype=np.uint8)
+            self.cut(self.snapshot(res.seq), 16, total, out)
+            return out
+
+        whole = kv([16, 16 + longer, total])
+        start = 16 + longer  # the short batches: 2, tile // 6 and the rest
+        pieces = [16, 16 + tile, start, start + 2, start + 2 + tile // 6, total]
+        same = np.array_equal(kv(pieces), whole)
+        self.evict(res, counted=False)  # a measurement, not a conversation pushed out
+        return same
+
     def close(self, close_model: bool = True) -> None:
         self.ctx.close()
         if close_model:

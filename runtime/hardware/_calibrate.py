@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 # 3: the KV caches' layout (kv_layout) is kept too, so a start needs no probe decode
 # (2 was a development format that kept a byte count instead). 4: batch invariance
 # (merge_unit, merge_max) is measured too. 5: for every chunk size policy may pick
-# under MERGE_MAX (merge_units), not for 64-token chunks only.
-FORMAT_VERSION = 5
+# under MERGE_MAX (merge_units), not for 64-token chunks only. 6: batch kinds
+# (batch_tile) are measured too.
+FORMAT_VERSION = 6
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
@@ -45,6 +46,10 @@ _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
 # for another batch size); MERGE_MAX is llama.cpp's default micro-batch, as
 # llama-server prefills. Each size is checked against one batch of MERGE_MAX.
 MERGE_SIZES, MERGE_MAX = (64, 128, 256), 512
+# llama.cpp's CPU flash attention computes 64 query tokens or more in tiles, fewer a
+# row at a time: where neither path depends on the batch's size, a batch's kind (at
+# least this long, or shorter) is all its tokens' KV bits depend on
+BATCH_TILE = 64
 CALIBRATION_FILE_BYTES = 64 * MiB
 # a spinning disk's figures: unmeasured, the disk tier must not look better than it is
 ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
@@ -62,6 +67,8 @@ class CalibrationTarget(Protocol):
     ``llama_state_seq_set_data`` of that blob took; the prefill is not timed.
     ``invariant_units(total, units)``: those of ``units`` in batches of which tokens
     get the same KV bytes as prefilled in one batch of ``total``.
+    ``batch_kinds(tile)``: whether tokens get the same KV bytes in every batch of at
+    least ``tile`` tokens, and in every one of 2 to ``tile - 1``.
     ``kv_bytes_per_token`` and ``kv_layout`` (the per-cell layout of each KV cache
     as plain JSON-able data, ``None`` when not known) are read after the timings, so
     a target may measure them on the context it made for them.
@@ -76,6 +83,8 @@ class CalibrationTarget(Protocol):
     def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]: ...
 
     def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]: ...
+
+    def batch_kinds(self, tile: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,9 @@ class Calibration:
     # each of merge_units (empty: not so on this machine, or not measured)
     merge_units: tuple[int, ...] = ()
     merge_max: int = 0
+    # a token's KV has the same bits in every batch of at least batch_tile tokens, and
+    # in every one of 2 to batch_tile - 1 (0: not so on this machine, or not measured)
+    batch_tile: int = 0
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
     # the per-cell layout of each KV cache (engine._kvblob.CacheLayout's fields),
@@ -214,6 +226,7 @@ def calibrate(
     blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
     say("batch invariance", 0.6)
     merge_units = target.invariant_units(MERGE_MAX, MERGE_SIZES)
+    batch_tile = BATCH_TILE if target.batch_kinds(BATCH_TILE) else 0
     say("RAM copy", 0.65)
     ram = ram_copy_gbps()
     say("host<->device copies", 0.7)
@@ -249,6 +262,7 @@ def calibrate(
         d2h_pageable_gbps=link.get("d2h_pageable"),
         merge_units=merge_units,
         merge_max=MERGE_MAX if merge_units else 0,
+        batch_tile=batch_tile,
         seconds=time.perf_counter() - started,
         measured_at=time.time(),
     )

@@ -84,20 +84,32 @@ def aligned_cuts(start: int, end: int, chunk_tokens: int, anchors: Sequence[int]
     return sorted(cuts)
 
 
-def decode_groups(have: int, cuts: Sequence[int], chunk_tokens: int, most: int) -> list[list[int]]:
-    """The batch ends after ``have``, grouped into decode calls: one batch each, or runs
-    of whole aligned chunks together, up to ``most`` tokens a call (where the machine
-    gives every token the same KV bits that way; 0: never)."""
+def decode_groups(
+    have: int, cuts: Sequence[int], chunk_tokens: int, most: int, tile: int = 0
+) -> list[list[int]]:
+    """The batch ends after ``have``, grouped into decode calls of up to ``most``
+    tokens (0: one batch a call), where the machine gives every token the same KV bits
+    that way. ``tile`` (``Tuning.batch_tile``): a token's bits depend only on whether
+    its batch holds at least ``tile`` tokens, so batches that long go together, and
+    shorter ones (but one-token ones, which may take another path) go together below
+    ``tile``. Without it: runs of whole aligned chunks together."""
+    if not most:
+        return [[c] for c in cuts if c > have]
     groups: list[list[int]] = []
     start = prev = have
-    merging = False  # the last group is whole chunks only
+    kind: str | None = None  # the last group's kind of batch
     for end in (c for c in cuts if c > have):
-        whole = end - prev == chunk_tokens and prev % chunk_tokens == 0
-        if groups and whole and merging and end - start <= most:
+        size = end - prev
+        if tile:
+            this = None if size == 1 else "long" if size >= tile else "short"
+        else:
+            this = "long" if size == chunk_tokens and prev % chunk_tokens == 0 else None
+        limit = tile - 1 if this == "short" else most
+        if groups and this is not None and this == kind and end - start <= limit:
             groups[-1].append(end)
         else:
             groups.append([end])
-            start, merging = prev, whole
+            start, kind = prev, this
         prev = end
     return groups
 

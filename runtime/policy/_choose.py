@@ -342,6 +342,18 @@ def _merge(calibration: Calibration | None, chunk: int) -> tuple[int, str]:
     )
 
 
+def _tile(calibration: Calibration | None) -> tuple[int, str]:
+    if calibration is None or not calibration.batch_tile:
+        why = "not measured" if calibration is None else "not so with this machine's kernels"
+        return 0, f"{why}: batches are merged only as whole aligned chunks"
+    tile = calibration.batch_tile
+    return tile, (
+        f"measured: a token's KV bits depend only on whether its batch holds at least "
+        f"{tile} tokens, so batches of one kind are prefilled together (a message's "
+        f"short batches in one decode)"
+    )
+
+
 def choose(
     profile: HardwareProfile,
     calibration: Calibration | None,
@@ -373,6 +385,7 @@ def choose(
     p.pick("swap_in_threshold_tokens", lambda: _threshold(rates, kvb, n_ctx))
     p.pick("prewarm_sessions", lambda: _prewarm(p, rates, kvb))
     p.pick("merge_batch_tokens", lambda: _merge(calibration, p.values["chunk_tokens"]))
+    p.pick("batch_tile", lambda: _tile(calibration))
     p.pick("memory_floor_bytes", lambda: _floor(p, profile))
     reasons = dict(p.reasons)
     for name in ("chunk_tokens", "swap_in_threshold_tokens", "prewarm_sessions"):

@@ -22,6 +22,7 @@ def fixed_tuning(settings: Settings, geometry: ModelGeometry) -> Tuning:
         "zstd_level": 1,
         "prewarm_sessions": 4,
         "merge_batch_tokens": 0,
+        "batch_tile": 0,
         "memory_floor_bytes": 1 * GiB,
     }
     reasons = dict.fromkeys(chosen, "fixed default (machine not measured)")

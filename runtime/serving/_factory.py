@@ -100,6 +100,9 @@ class _CalibrationTarget:
     def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
         return self._get().invariant_units(total, units)
 
+    def batch_kinds(self, tile: int) -> bool:
+        return self._get().batch_kinds(tile)
+
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close(close_model=False)

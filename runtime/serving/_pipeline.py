@@ -204,7 +204,9 @@ class Job:
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
-        return decode_groups(have, cuts, tuning.chunk_tokens, tuning.merge_batch_tokens)
+        return decode_groups(
+            have, cuts, tuning.chunk_tokens, tuning.merge_batch_tokens, tuning.batch_tile
+        )
 
     # step 1: the longest prefix worth restoring ------------------------------------------
     def _prepare_load(self) -> LoadPlan:

@@ -56,6 +56,10 @@ class FakeTarget:
         self.calls.append(("invariance", total))
         return tuple(units)
 
+    def batch_kinds(self, tile: int) -> bool:
+        self.calls.append(("kinds", tile))
+        return True
+
 
 @pytest.fixture(autouse=True)
 def _small_io(monkeypatch: pytest.MonkeyPatch) -> None:

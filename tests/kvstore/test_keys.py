@@ -109,3 +109,17 @@ def test_whole_chunks_are_merged_only_where_allowed() -> None:
     assert groups[5:] == [[598], [600]]
     assert [c for g in groups for c in g] == cuts
     assert decode_groups(320, cuts, 64, 256)[0] == [384, 448, 512, 576]
+
+
+def test_batches_of_one_kind_are_merged_where_kinds_are_all_that_counts() -> None:
+    # a system prompt to 317 (64-token chunks, then 61 tokens), a question, the tail
+    cuts = [64, 128, 192, 256, 317, 320, 330, 332]
+    groups = decode_groups(0, cuts, 64, 512, tile=64)
+    assert groups == [[64, 128, 192, 256], [317], [320, 330, 332]]
+    # long batches go together whether aligned or not, up to most
+    assert decode_groups(0, [70, 200, 300, 301], 128, 256, tile=64) == [[70, 200], [300], [301]]
+    # short ones stay below the tile, and a one-token batch stays alone
+    assert decode_groups(0, [40, 60, 61, 63, 90], 128, 512, tile=64) == [[40, 60], [61], [63, 90]]
+    assert decode_groups(317, cuts, 64, 512, tile=64) == [[320, 330, 332]]
+    # merging off: one batch a call, kinds or not
+    assert decode_groups(0, cuts, 64, 0, tile=64) == [[c] for c in cuts]

@@ -166,6 +166,7 @@ OVERRIDES: dict[str, Any] = {
     "zstd_level": 3,
     "prewarm_sessions": 2,
     "merge_batch_tokens": 512,
+    "batch_tile": 64,
     "memory_floor_bytes": 3 << 30,
 }
 
