@@ -48,7 +48,8 @@ def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def
 
     rt.wait_idle()
     ids, anchor = rt.engine.prompt_ids(request)
-    cuts = batch_cuts(len(ids), rt.tuning.chunk_tokens, anchor, TAIL_TOKENS)[:-1]
+    tuning = rt.tuning
+    cuts = batch_cuts(len(ids), tuning.chunk_tokens, anchor, TAIL_TOKENS, tuning.batch_tile)[:-1]
     plan = rt.store.prepare_load(ids, cuts)
     try:
         assert len(plan.loads) == len(cuts), "every batch of the prompt is stored"
@@ -207,22 +208,24 @@ def test_merged_batches_only_where_they_give_the_same_bits(  # type: ignore[no-u
     assert _chunks(one, request) == _chunks(merged, request)
 
 
-def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("chunk", [64, 128])
+def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path, chunk) -> None:  # type: ignore[no-untyped-def]
     """Where the calibration found that a token's KV bits depend only on its batch's
     kind (at least ``batch_tile`` tokens, or 2 to one fewer), a prompt's batches of one
-    kind are prefilled together: a system prompt's whole chunks, then its question
+    kind are prefilled together: a system prompt's long batches, then its question
     and tail in one decode, and in turn 2, sent at once, the reply's end-of-turn
-    markup, the new message and its tail. Chunks, logits and replies are the same
-    bytes as prefilled one batch at a time without the cache."""
+    markup, the new message and its tail; and with chunks of two tiles or more, the
+    batch before a message's end moves back so that it holds a tile. Chunks, logits
+    and replies are the same bytes as prefilled one batch at a time, and replies equal
+    ``--no-cache``, another question after the same system prompt too."""
     from warmstart.runtime.hardware._calibrate import BATCH_TILE
 
-    one = make_runtime(tmp_path / "one", chunk_tokens=64, merge_batch_tokens=0)
+    same = dict(chunk_tokens=chunk, batch_tile=BATCH_TILE)
+    one = make_runtime(tmp_path / "one", merge_batch_tokens=0, **same)
     if not one.on_worker(lambda: one.engine.batch_kinds(BATCH_TILE)):
         pytest.skip("this machine's kernels round a token by its batch's size")
-    merged = make_runtime(
-        tmp_path / "merged", chunk_tokens=64, merge_batch_tokens=512, batch_tile=BATCH_TILE
-    )
-    oracle = make_runtime(tmp_path / "oracle", chunk_tokens=64, no_cache=True)
+    merged = make_runtime(tmp_path / "merged", merge_batch_tokens=512, **same)
+    oracle = make_runtime(tmp_path / "oracle", merge_batch_tokens=0, no_cache=True, **same)
     system = Message("system", DOCUMENT[:1000])
     messages = (system, Message("user", "Which crate holds the most bolts?"))
     probe = Request(messages=messages, sampling=Sampling(max_tokens=1))
@@ -238,3 +241,12 @@ def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path) -> No
     again, report = merged.generate(second).text()  # at once: the reply is still settling
     assert again == oracle.generate(second).text()[0]
     assert report.cached_tokens > len(merged.engine.prompt_ids(probe)[0])
+    other = Request(
+        messages=(system, Message("user", "Which shelf has crate 7?")),
+        sampling=Sampling(max_tokens=12),
+    )
+    answer, report = merged.generate(other).text()
+    assert answer == oracle.generate(other).text()[0]
+    # the system prompt and the user's turn markup after it
+    header = len(merged.engine.user_header)
+    assert report.cached_tokens == merged.engine.prompt_ids(probe)[1][0] + header

@@ -139,6 +139,7 @@ class LlamaEngine(Residents):
         )
         self.tool_format = _tools.detect_format(self.template.source)
         self.opener = self._find_opener()
+        self.user_header = self._find_user_header()
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
@@ -244,9 +245,14 @@ class LlamaEngine(Residents):
             return ()
         n, out = len(opener), set[int]()
         starts = [i for i, token in enumerate(ids) if token == opener[0]]
+        header = self.user_header
         for k, i in enumerate(starts):
             if list(ids[i : i + n]) != opener:
                 out.update((i,) if i else ())
+                if i and header and list(ids[i : i + len(header)]) == header:
+                    # where a user's text starts: another question after the same
+                    # history reuses the markup before it too, as llama-server does
+                    out.add(i + len(header))
                 continue
             c = i + n  # where the reply starts
             out.update(x for x in (c - TAIL_TOKENS, c) if x > 0)
@@ -271,6 +277,24 @@ class LlamaEngine(Residents):
             return []
         opener = opened[len(bare) :]
         return opener if self.prompter.is_control(opener[0]) else []
+
+    def _find_user_header(self) -> list[int]:
+        """What opens a user's turn up to its text (ChatML's ``<|im_start|>user\n``),
+        when the assistant's opening starts with a control token; [] otherwise."""
+        if not self.opener:
+            return []
+        try:
+            a, b = (
+                self.prompter.ids(self.template.render_parts((Message("user", t),), False))
+                for t in ("x", "y")
+            )
+        except RequestError:
+            return []
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        starts = [i for i in range(n) if a[i] == self.opener[0]]
+        return list(a[starts[-1] : n]) if starts else []
 
     def check_sampling(self, sampling: Sampling) -> None:
         """This model's own rules of a sampling: logit biases name its tokens, a

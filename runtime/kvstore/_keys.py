@@ -51,37 +51,77 @@ def chunk_spans(ends: Sequence[int], start: int = 0, run_tokens: int = 0) -> lis
 
 
 def batch_cuts(
-    n_tokens: int, chunk_tokens: int, anchors: Sequence[int] = (), tail: int = TAIL_TOKENS
+    n_tokens: int,
+    chunk_tokens: int,
+    anchors: Sequence[int] = (),
+    tail: int = TAIL_TOKENS,
+    tile: int = 0,
 ) -> list[int]:
     """The ends of the batches a prompt of ``n_tokens`` is prefilled in, cold or not.
 
     A token's KV depends on the batch it was computed in (DESIGN.md, "Numerics"), so
     every prefill of a prompt uses these same batches, wherever its cached prefix
-    ends: one every ``chunk_tokens`` from position 0, one ending at each of
-    ``anchors`` (where a message of the conversation starts and where the system
-    prompt ends: a later turn's prompt holds the same messages at the same places,
-    so it shares every batch up to its new message), one ending ``tail`` tokens
-    before the end, and the last ``tail`` tokens together. Each batch but the last
-    is a chunk the store can keep; a prefix is restored only up to the end of one of
-    them.
+    ends: one ending at each of ``anchors`` (where a message of the conversation
+    starts and where the system prompt ends: a later turn's prompt holds the same
+    messages at the same places, so it shares every batch up to its new message), one
+    ending ``tail`` tokens before the end, the last ``tail`` tokens together, and
+    between those, one every ``chunk_tokens`` from position 0 (see :func:`_inside`
+    for ``tile``). Each batch but the last is a chunk the store can keep; a prefix is
+    restored only up to the end of one of them.
     """
     if n_tokens <= 0:
         return []
     stop = max(n_tokens - tail, 0)
-    # multiples inside the tail too: the next turn has them, and its batches over this
-    # prompt must be this prompt's own
-    cuts = set(range(chunk_tokens, n_tokens, chunk_tokens))
-    cuts.update(a for a in anchors if 0 < a < stop)
-    cuts.update(c for c in (stop, n_tokens) if c > 0)
+    hard = {a for a in anchors if 0 < a < stop}
+    hard.update(c for c in (stop, n_tokens) if c > 0)
+    cuts, prev = set(hard), 0
+    for end in sorted(hard):
+        cuts.update(_inside(prev, end, chunk_tokens, tile))
+        prev = end
     return sorted(cuts)
 
 
-def aligned_cuts(start: int, end: int, chunk_tokens: int, anchors: Sequence[int] = ()) -> list[int]:
-    """The batch ends in (start, end] that every longer prompt shares: multiples of
-    ``chunk_tokens`` and the anchors. What a finished reply is re-prefilled along."""
-    cuts = {c for c in range(chunk_tokens * (start // chunk_tokens + 1), end + 1, chunk_tokens)}
-    cuts.update(a for a in anchors if start < a <= end)
-    return sorted(cuts)
+def _inside(start: int, end: int, chunk_tokens: int, tile: int, closed: bool = True) -> list[int]:
+    """The batch ends strictly between two of a prompt's fixed ones: every multiple of
+    ``chunk_tokens``. With ``tile`` (``Tuning.batch_tile``: a batch of at least that
+    many tokens takes llama.cpp's fast tiled path, a shorter one the slow per-row one)
+    and chunks of at least twice that, the first and last of them move where the
+    batch beside them would be shorter than ``tile``, so a message of ``tile`` tokens
+    or more is prefilled in batches of ``tile`` to ``chunk_tokens`` tokens only. They
+    move by where the message starts and ends, which a later turn's prompt shares.
+    ``closed=False``: ``end`` is only where the tokens known so far stop (the last
+    batch's end is still to come): the ends that every longer prompt has."""
+    cuts = list(range(chunk_tokens * (start // chunk_tokens + 1), end, chunk_tokens))
+    if not (tile and chunk_tokens >= 2 * tile) or not cuts:
+        return cuts
+    if closed and end - start < 2 * tile:
+        return []  # one batch of tile to 2 * tile - 1 tokens (or a shorter message)
+    if cuts[0] - start < tile:
+        cuts[0] = start + tile
+    if not closed:
+        return [c for c in cuts if c + tile <= end and c - start >= tile]
+    if end - cuts[-1] < tile:
+        cuts[-1] = end - tile
+        if len(cuts) > 1 and cuts[-1] - cuts[-2] < tile:
+            cuts.pop()  # both moved, too close: one batch of fewer than 2 * tile + tile
+    return cuts
+
+
+def aligned_cuts(
+    start: int, end: int, chunk_tokens: int, anchors: Sequence[int] = (), tile: int = 0
+) -> list[int]:
+    """The batch ends in (start, end] that every longer prompt shares: the anchors,
+    and between them (and after the last, as far as it is known) what
+    :func:`batch_cuts` puts there. What a finished reply is re-prefilled along."""
+    hard = sorted(a for a in anchors if 0 < a <= end)
+    cuts, prev = set(hard), 0
+    for a in hard:
+        cuts.update(_inside(prev, a, chunk_tokens, tile))
+        prev = a
+    cuts.update(_inside(prev, end, chunk_tokens, tile, closed=False))
+    if end % chunk_tokens == 0 and not (tile and chunk_tokens >= 2 * tile):
+        cuts.add(end)  # (a multiple that may move is no end every longer prompt has)
+    return sorted(c for c in cuts if start < c <= end)
 
 
 def decode_groups(

@@ -189,7 +189,7 @@ def _choose_context(
     p.pick("resident_sequences", resident)
 
 
-def _chunk(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
+def _chunk(rates: Rates, kvb: int, n_ctx: int, tile: int = 0) -> tuple[int, str]:
     fixed_ms = rates.fixed_ms.get("ram", 0.0) + LOOKUP_MS
     gbps = rates.tier_gbps.get("ram", 1.0)
     wanted = CHUNK_COST_FACTOR * fixed_ms / 1000 * gbps * 1e9
@@ -204,12 +204,16 @@ def _chunk(rates: Rates, kvb: int, n_ctx: int) -> tuple[int, str]:
     # a chunk is a prefill batch: never under MIN_BATCH (large-KV models would get a
     # few MiB of 16-token batches), nor over a quarter of the context
     tokens = min(max(MIN_BATCH, min(tokens, redo, 1024)), max(n_ctx // 4, 16))
+    tiled = ""
+    if tile and tokens < 2 * tile <= n_ctx // 4:
+        # so that every batch of a long message can hold a tile or more (batch_cuts)
+        tokens, tiled = 2 * tile, f", at least twice the batch tile ({tile})"
     return tokens, (
         f"{tokens} tokens = {tokens * kvb / MiB:.1f} MiB a transfer (about "
         f"{target / MiB:.0f} MiB wanted so the {fixed_ms:.2f} ms fixed cost stays small), "
         f"and half a chunk, re-prefilled after a divergence, takes about "
         f"{tokens / 2 / max(rates.prefill_tps, 1e-6) * 1000:.0f} ms at "
-        f"{rates.prefill_tps:.0f} tokens/s (batches of at least {MIN_BATCH})"
+        f"{rates.prefill_tps:.0f} tokens/s (batches of at least {MIN_BATCH}{tiled})"
     )
 
 
@@ -350,7 +354,7 @@ def _tile(calibration: Calibration | None) -> tuple[int, str]:
     return tile, (
         f"measured: a token's KV bits depend only on whether its batch holds at least "
         f"{tile} tokens, so batches of one kind are prefilled together (a message's "
-        f"short batches in one decode)"
+        f"short batches in one decode), and a long message in batches that long"
     )
 
 
@@ -378,14 +382,14 @@ def choose(
         p.pick("zstd_level", lambda: (0, "not measured: store raw until calibrated"))
         estimate = estimate_rates(profile, geometry)
         rates, basis = estimate.rates, estimate.basis
-    p.pick("chunk_tokens", lambda: _chunk(rates, kvb, n_ctx))
+    p.pick("batch_tile", lambda: _tile(calibration))
+    p.pick("chunk_tokens", lambda: _chunk(rates, kvb, n_ctx, p.values["batch_tile"]))
     p.pick("ram_pool_bytes", lambda: _pool(p, mem, profile, kvb))
     _watermarks(p, kvb)
     p.pick("disk_budget_bytes", lambda: _disk_budget(profile))
     p.pick("swap_in_threshold_tokens", lambda: _threshold(rates, kvb, n_ctx))
     p.pick("prewarm_sessions", lambda: _prewarm(p, rates, kvb))
     p.pick("merge_batch_tokens", lambda: _merge(calibration, p.values["chunk_tokens"]))
-    p.pick("batch_tile", lambda: _tile(calibration))
     p.pick("memory_floor_bytes", lambda: _floor(p, profile))
     reasons = dict(p.reasons)
     for name in ("chunk_tokens", "swap_in_threshold_tokens", "prewarm_sessions"):

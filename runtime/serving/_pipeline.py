@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from ._sessions import SessionBook
 
 log = logging.getLogger(__name__)
+# while other requests' clients wait, a prompt's decodes hold at most this many tokens
+# (about half a second on a 2-core CPU), so a short one is not held up for seconds
+CONTENDED_BATCH_TOKENS = 128
 
 
 @dataclass
@@ -72,7 +75,10 @@ class Job:
         self.report.trimmed_messages = admitted.trimmed
         self.promotions: LoadPlan | None = None  # its disk chunks go to RAM after the reply
         self.n_promoted = 0  # how many of its chunks were read
-        self.cuts = batch_cuts(len(self.ids), env.tuning.chunk_tokens, self.anchors, TAIL_TOKENS)
+        tuning = env.tuning
+        self.cuts = batch_cuts(
+            len(self.ids), tuning.chunk_tokens, self.anchors, TAIL_TOKENS, tuning.batch_tile
+        )
         self.cached = self.request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
         # a request with tools: the reply read back as text and tool calls
@@ -81,6 +87,14 @@ class Job:
         self.background = False  # the client has its answer: what is left can wait
         # in the prompt's prefill: a cancel stops the decode in progress (see core)
         self.prefilling = False
+        # what the worker ranks it by (_worker.py): the prompt's tokens left to compute
+        # before its first token (0 until its first step has found what is cached), and
+        # whether its reply is being decoded
+        self.to_prefill = 0
+        self.streaming = False
+        # other requests' clients wait too: batches are merged less, so that the
+        # worker can turn to them sooner (set by the worker before each step)
+        self.contended = False
         # the conversation's next request is here: what is left of the reply (its
         # end-of-turn steps) is that request's own prefill (it continues in the same
         # sequence, in the same batches), so it is skipped; the capture of the
@@ -107,6 +121,7 @@ class Job:
                 have = self._restore(res, live, plan)
             finally:
                 self._complete_load(plan)
+            self.to_prefill = len(self.ids) - have
             yield
             t1 = time.perf_counter()
             # the same prompt again, live: its first token comes from the logits kept
@@ -135,7 +150,10 @@ class Job:
         """The prompt after what was live or restored, in the batches a cold run
         computes, a step each; False if the client left (what was prefilled is kept)."""
         engine = self.env.engine
-        for ends in self._decodes(have, self.cuts):
+        while have < len(self.ids):
+            self.to_prefill = len(self.ids) - have
+            # the next decode: chosen at each step, since others may have come meanwhile
+            ends = self._decodes(have, self.cuts)[0]
             last, done = ends[-1] == len(self.ids), False
             if not self.stream.cancelled:
                 self.prefilling = True
@@ -204,9 +222,10 @@ class Job:
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
-        return decode_groups(
-            have, cuts, tuning.chunk_tokens, tuning.merge_batch_tokens, tuning.batch_tile
-        )
+        most = tuning.merge_batch_tokens
+        if self.contended:
+            most = min(most, CONTENDED_BATCH_TOKENS)
+        return decode_groups(have, cuts, tuning.chunk_tokens, most, tuning.batch_tile)
 
     # step 1: the longest prefix worth restoring ------------------------------------------
     def _prepare_load(self) -> LoadPlan:
@@ -286,6 +305,7 @@ class Job:
         finish = "length"
         token, logprob = self._sample(sampler, kept)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
+        self.to_prefill, self.streaming = 0, True
         while True:
             if self.stream.cancelled:
                 finish = "cancelled"
@@ -388,7 +408,7 @@ class Job:
         """The tokens the next turn's prompt starts with, and its batch ends over them.
         A raw completion prompt has no next turn to render: what it holds is kept up to
         its last aligned batch end."""
-        chunk = self.env.tuning.chunk_tokens
+        chunk, tile = self.env.tuning.chunk_tokens, self.env.tuning.batch_tile
         reply = self.reply_message or Message("assistant", self.reply or "")
         if self.request.messages:
             try:
@@ -397,9 +417,9 @@ class Job:
             except WarmstartError as exc:  # a template that cannot render it: settle less
                 log.info("the next turn cannot be rendered (%s); the reply is not kept", exc)
             else:
-                return ids, batch_cuts(len(ids), chunk, anchors, tail=0)
+                return ids, batch_cuts(len(ids), chunk, anchors, tail=0, tile=tile)
         tokens = list(res.tokens)
-        return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors)
+        return tokens, aligned_cuts(0, len(tokens), chunk, self.anchors, tile)
 
     def _save_session(self, leaf: bytes | None, n_tokens: int, kept: bool = False) -> None:
         """Saves the turn (before its Done); ``kept``: the chunks' key once they are

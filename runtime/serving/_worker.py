@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -33,13 +35,26 @@ T = TypeVar("T")
 Active = collections.deque[tuple[Job, Iterator[None]]]
 
 _WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
+# a reply being decoded waits at most about this long for its next token while other
+# requests' prompts are prefilled (a decode step is tens of milliseconds)
+STALL_S = 0.25
+# and a prompt waits at most this long for its next batch while shorter ones go first
+STARVE_S = 5.0
 
 
-def _rank(job: Job) -> int:
-    """Which work goes first: a client still waiting, then captures, then the rest."""
-    if not job.background:
-        return _WAITED_ON
-    return _ANSWERED if job.captured else _ANSWERED_UNCAPTURED
+def _rank(job: Job, now: float, stepped: dict[int, float]) -> tuple[int, float]:
+    """Which work goes first: a client still waiting, then captures, then the rest.
+    Among waiting clients, the prompt with the fewest tokens left to compute before its
+    first token (a cache hit's few, not another's cold prefill, as llama-server's
+    continuous batching serves both at once), then replies being decoded; but a reply
+    that waited STALL_S for its next token, or a prompt STARVE_S for its next batch,
+    goes first, and so does a request's first step (it finds out what is cached)."""
+    if job.background:
+        return (_ANSWERED if job.captured else _ANSWERED_UNCAPTURED), 0.0
+    waited = now - stepped.get(id(job), now)
+    if job.streaming:
+        return _WAITED_ON, 0.0 if waited >= STALL_S else math.inf
+    return _WAITED_ON, 0.0 if waited >= STARVE_S else float(job.to_prefill)
 
 
 class Worker:
@@ -69,6 +84,7 @@ class Worker:
         self.closing = False
         self.in_background = False  # the worker is in a step of background work
         self._stepping: Job | None = None  # the job whose step the worker is in
+        self._stepped: dict[int, float] = {}  # when each active job's last step ended
         self._aborting = False  # its prefill's decode was told to stop (its client left)
         self._idle = threading.Event()
         self._idle.set()
@@ -183,6 +199,7 @@ class Worker:
                     pass
             except Exception:
                 log.exception("a preempted request failed while it ended")
+                self._stepped.pop(id(job), None)
             else:
                 self._account(job)
 
@@ -191,9 +208,13 @@ class Worker:
         # while any request still has a client waiting; among it, captures come first:
         # a request that shares a prompt finds its chunks stored sooner, whatever
         # settling is queued
-        first = min(range(len(active)), key=lambda i: _rank(active[i][0]))
+        now = time.perf_counter()
+        first = min(range(len(active)), key=lambda i: _rank(active[i][0], now, self._stepped))
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
+        with self._cv:  # (enqueue changes waiting under the lock)
+            others = bool(self.waiting) or any(not j.background for j, _ in active)
+        job.contended = others
         background = job.background and self._mark_background(True)
         with self._cv:
             self._stepping = job
@@ -204,6 +225,7 @@ class Worker:
             return
         except Exception as exc:
             log.exception("request failed")
+            self._stepped.pop(id(job), None)
             self._views.event("failed", job.report.session_id)
             job.stream.fail(exc)
             return
@@ -211,6 +233,7 @@ class Worker:
             if background:
                 self._mark_background(False)
             self._end_step()
+        self._stepped[id(job)] = time.perf_counter()
         active.append((job, steps))
 
     def _end_step(self) -> None:
@@ -230,6 +253,7 @@ class Worker:
         return running
 
     def _account(self, job: Job) -> None:
+        self._stepped.pop(id(job), None)
         r = job.report
         self.counters["prompt_tokens"] += r.prompt_tokens
         self.counters["completion_tokens"] += r.completion_tokens

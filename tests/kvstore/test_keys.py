@@ -123,3 +123,44 @@ def test_batches_of_one_kind_are_merged_where_kinds_are_all_that_counts() -> Non
     assert decode_groups(317, cuts, 64, 512, tile=64) == [[320, 330, 332]]
     # merging off: one batch a call, kinds or not
     assert decode_groups(0, cuts, 64, 0, tile=64) == [[c] for c in cuts]
+
+
+def test_with_a_tile_every_batch_of_a_long_message_is_at_least_a_tile_long() -> None:
+    # a system prompt to 317, a question to 330, the tail: 256 moves back to 253
+    assert batch_cuts(332, 128, (317, 330), tile=64) == [128, 253, 317, 330, 332]
+    # a message from 330 to 700: its first batch ends at 394, not at 384, its last
+    # starts at 636, not at 640
+    assert batch_cuts(702, 128, (330, 700), tile=64)[2:] == [330, 394, 512, 636, 700, 702]
+    # both ends moved, too close together: the last one goes
+    assert batch_cuts(272, 128, (100, 270), tile=64) == [100, 164, 270, 272]
+    # chunks shorter than two tiles: the multiples stay where they are
+    assert batch_cuts(332, 64, (317, 330), tile=64) == batch_cuts(332, 64, (317, 330))
+
+
+@given(
+    st.integers(1, 3000),
+    st.sampled_from([128, 256, 512]),
+    st.lists(st.integers(1, 3000), max_size=6),
+    st.integers(3, 600),
+)
+def test_with_a_tile_batches_fit_a_chunk_and_a_later_turn_shares_them(
+    n: int, chunk: int, anchors: list[int], more: int
+) -> None:
+    tile = 64
+    mine = [a for a in anchors if a < n - 2]  # (a chat prompt has none inside its tail)
+    cuts = batch_cuts(n, chunk, mine, tile=tile)
+    hard = {a for a in mine if 0 < a < n - 2} | {max(n - 2, 0), n}
+    for a, b in itertools.pairwise([0, *cuts]):
+        assert 0 < b - a <= chunk
+        inside = not any(a < h < b for h in hard)
+        assert inside
+        if a not in hard or b not in hard:  # a batch a multiple ends or starts
+            seg = [h for h in sorted(hard | {0}) if h <= a][-1], min(h for h in hard if h >= b)
+            assert b - a >= tile or seg[1] - seg[0] < tile, (a, b, seg)
+    # the next turn holds this prompt's messages, its tail's two ends among its anchors
+    later = batch_cuts(n + more, chunk, [*mine, max(n - 2, 0), n], tile=tile)
+    assert [c for c in later if c <= n] == cuts
+    # a raw completion's prompt and reply are re-prefilled along the ends that every
+    # longer prompt with the same anchors has
+    settled = aligned_cuts(0, n, chunk, mine, tile=tile)
+    assert set(settled) <= set(batch_cuts(n + more, chunk, mine, tile=tile))

@@ -1,0 +1,90 @@
+"""Which request the worker steps next: among clients that wait, the prompt with the
+fewest tokens left before its first token goes first (a cache hit is not held up by
+another client's cold prefill), a reply being decoded gets a step at least every
+STALL_S, and work whose client has its answer waits for both."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+from warmstart.runtime.engine._fake import FakeEngine, FakeOptions
+from warmstart.runtime.serving import _worker
+from warmstart.runtime.serving._worker import Worker, _rank
+from warmstart.runtime.types import TIERS
+
+
+def _job(**state: object) -> SimpleNamespace:
+    values: dict[str, object] = dict(
+        background=False, captured=False, streaming=False, to_prefill=0, contended=False
+    )
+    return SimpleNamespace(**{**values, **state})
+
+
+def test_the_shortest_prompt_goes_first_and_a_stalled_reply_before_it() -> None:
+    now, stepped = 100.0, {}
+    cold, hit = _job(to_prefill=1800), _job(to_prefill=15)
+    fresh = _job()  # its first step finds out what is cached
+    reply = _job(streaming=True)
+    answered, capture = _job(background=True, captured=True), _job(background=True)
+    ranked = sorted(
+        [cold, hit, fresh, reply, answered, capture], key=lambda j: _rank(j, now, stepped)
+    )
+    assert ranked == [fresh, hit, cold, reply, capture, answered]
+    stepped[id(reply)] = now - _worker.STALL_S  # it waited long enough for its next token
+    assert min([cold, hit, reply], key=lambda j: _rank(j, now, stepped)) is reply
+    stepped[id(cold)] = now - _worker.STARVE_S  # and a long prompt is not starved
+    assert _rank(cold, now, stepped) < _rank(hit, now, stepped)
+
+
+class _Job:
+    """What the worker steps: a prompt of ``batches`` batches of ``size`` tokens, then a
+    reply of ``tokens`` tokens; each step is noted in ``log``."""
+
+    def __init__(self, name: str, batches: int, size: int, tokens: int, log: list[str]) -> None:
+        self.name, self.batches, self.size, self.tokens, self.log = name, batches, size, tokens, log
+        self.background = self.captured = self.streaming = self.preempted = False
+        self.prefilling = self.contended = False
+        self.to_prefill = 0
+        self.admitted = SimpleNamespace(session_id=None)
+        self.report = SimpleNamespace(
+            prompt_tokens=0, completion_tokens=0, restored=dict.fromkeys(TIERS, 0), session_id=None
+        )
+        self.done = threading.Event()
+
+    def steps(self) -> Iterator[None]:
+        self.log.append(f"{self.name} claim")
+        self.to_prefill = self.batches * self.size
+        yield
+        for left in range(self.batches - 1, -1, -1):
+            self.log.append(f"{self.name} batch")
+            self.to_prefill = left * self.size
+            if left:
+                yield
+        self.streaming = True
+        self.log.append(f"{self.name} first token")
+        for _ in range(self.tokens):
+            yield
+        self.background = True
+        self.done.set()
+
+
+def test_a_short_prompt_is_not_held_up_by_a_long_one() -> None:
+    engine = FakeEngine(1024, 4, FakeOptions())
+    worker = Worker(engine, 4)
+    log: list[str] = []
+    cold = _Job("cold", batches=8, size=64, tokens=2, log=log)
+    hit = _Job("hit", batches=2, size=16, tokens=2, log=log)
+    try:
+        with worker.lock:  # both wait when the worker looks
+            worker.enqueue(cold)  # type: ignore[arg-type]
+            worker.enqueue(hit)  # type: ignore[arg-type]
+        assert cold.done.wait(30) and hit.done.wait(30)
+    finally:
+        worker.stop()
+        worker.thread.join(30)
+    # each claims first; then the hit's batches and first token before any more of
+    # the cold prompt's (round robin would have taken turns)
+    assert log[:5] == ["cold claim", "hit claim", "hit batch", "hit batch", "hit first token"]
+    assert log.index("cold first token") > log.index("hit first token")
