@@ -6,6 +6,7 @@ STALL_S, and work whose client has its answer waits for both."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -42,9 +43,13 @@ class _Job:
     """What the worker steps: a prompt of ``batches`` batches of ``size`` tokens, then a
     reply of ``tokens`` tokens; each step is noted in ``log``."""
 
-    def __init__(self, name: str, batches: int, size: int, tokens: int, log: list[str]) -> None:
+    def __init__(
+        self, name: str, batches: int, size: int, tokens: int, log: list[str], delay: float = 0
+    ) -> None:
         self.name, self.batches, self.size, self.tokens, self.log = name, batches, size, tokens, log
+        self.delay = delay  # seconds a batch takes
         self.background = self.captured = self.streaming = self.preempted = False
+        self.hurried = False
         self.prefilling = self.contended = False
         self.to_prefill = 0
         self.admitted = SimpleNamespace(session_id=None)
@@ -59,6 +64,7 @@ class _Job:
         yield
         for left in range(self.batches - 1, -1, -1):
             self.log.append(f"{self.name} batch")
+            time.sleep(self.delay)
             self.to_prefill = left * self.size
             if left:
                 yield
@@ -68,6 +74,11 @@ class _Job:
             yield
         self.background = True
         self.done.set()
+        yield
+        self.log.append(f"{self.name} capture" + (" (hurried)" if self.hurried else ""))
+        self.captured = True
+        yield
+        self.log.append(f"{self.name} settled")
 
 
 def test_a_short_prompt_is_not_held_up_by_a_long_one() -> None:
@@ -88,3 +99,29 @@ def test_a_short_prompt_is_not_held_up_by_a_long_one() -> None:
     # the cold prompt's (round robin would have taken turns)
     assert log[:5] == ["cold claim", "hit claim", "hit batch", "hit batch", "hit first token"]
     assert log.index("cold first token") > log.index("hit first token")
+
+
+def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
+    """Every sequence is taken, one by work whose client has its answer: that work
+    ends now (captured as it stands) and the waiting request takes its sequence,
+    instead of waiting behind it, which runs only while no client waits."""
+    engine = FakeEngine(1024, 2, FakeOptions())
+    worker = Worker(engine, 2)
+    log: list[str] = []
+    first = _Job("first", batches=1, size=16, tokens=1, log=log)
+    busy = _Job("busy", batches=200, size=16, tokens=1, log=log, delay=0.01)
+    late = _Job("late", batches=1, size=16, tokens=1, log=log)
+    try:
+        with worker.lock:
+            worker.enqueue(first)  # type: ignore[arg-type]
+            worker.enqueue(busy)  # type: ignore[arg-type]
+        assert first.done.wait(30)
+        worker.enqueue(late)  # type: ignore[arg-type]
+        assert late.done.wait(30) and busy.done.wait(30)
+        assert worker.wait_idle(30)
+    finally:
+        worker.stop()
+        worker.thread.join(30)
+    assert first.hurried and log.index("first capture (hurried)") < log.index("late claim")
+    assert log.index("late first token") < log.index("busy first token")
+    assert log[-1] == "busy settled"  # its own work, once no client waits

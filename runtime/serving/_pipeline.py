@@ -100,6 +100,9 @@ class Job:
         # sequence, in the same batches), so it is skipped; the capture of the
         # prompt's chunks is not
         self.preempted = False
+        # requests wait for its sequence: what is left after the reply stores what was
+        # computed and decodes nothing (the worker's _make_room)
+        self.hurried = False
         self.captured = False  # the prompt's chunks are kept (after the reply)
         self.t0 = time.perf_counter()
 
@@ -389,6 +392,8 @@ class Job:
         target, cuts = self._next_prompt(res)
         engine = self.env.engine
         keep = reusable(res.bounds, res.tokens, target, cuts)
+        if self.hurried:  # the reply as decoded, which the next turn's prompt shares
+            return self._keep(res, [b for b in res.bounds if b <= keep])
         cuts = [c for c in cuts if c > keep]
         if not cuts:
             return None

@@ -157,6 +157,7 @@ class Worker:
                 if self.closing and not active and not self._calls and not self.waiting:
                     return
                 self._preempt_for_followups(active)
+                self._make_room(active)
                 while self.waiting and len(active) < self._slots:
                     job = self.waiting.popleft()
                     active.append((job, job.steps()))
@@ -188,20 +189,36 @@ class Worker:
         wait."""
         waiting = {j.admitted.session_id for j in self.waiting if j.admitted.session_id}
         for job, steps in list(active):
-            if not (job.background and job.admitted.session_id in waiting):
-                continue
-            job.preempted = True
-            self.counters["preempted"] += 1
-            self._views.event("preempted", job.report.session_id)
-            active.remove((job, steps))
-            try:
-                for _ in steps:  # what is left is the capture: no decode runs now
-                    pass
-            except Exception:
-                log.exception("a preempted request failed while it ended")
-                self._stepped.pop(id(job), None)
-            else:
-                self._account(job)
+            if job.background and job.admitted.session_id in waiting:
+                job.preempted = True
+                self._end_now(active, job, steps)
+
+    def _make_room(self, active: Active) -> None:
+        """Requests wait and every resident sequence is taken: work whose client has its
+        answer ends now, its captures first (what is left of them is least), so that
+        its sequence serves a waiting request instead of the queue waiting behind
+        work that only runs while no client waits. What it computed is stored as it
+        stands, the reply as it was decoded; nothing more is decoded (the next turn
+        prefills the reply's end-of-turn markup itself)."""
+        short = len(self.waiting) - (self._slots - len(active))
+        answered = sorted((e for e in active if e[0].background), key=lambda e: not e[0].captured)
+        for job, steps in answered[: max(short, 0)]:
+            job.hurried = True
+            self._end_now(active, job, steps)
+
+    def _end_now(self, active: Active, job: Job, steps: Iterator[None]) -> None:
+        """(lock held) Runs what is left of a job whose client has its answer, at once."""
+        self.counters["preempted"] += 1
+        self._views.event("preempted", job.report.session_id)
+        active.remove((job, steps))
+        try:
+            for _ in steps:  # what is left is the capture: no decode runs now
+                pass
+        except Exception:
+            log.exception("a preempted request failed while it ended")
+            self._stepped.pop(id(job), None)
+        else:
+            self._account(job)
 
     def _step(self, active: Active) -> None:
         # work whose client already has its answer (capture, settling a reply) waits
