@@ -50,27 +50,22 @@ def run_scenarios(
     machine's speed drifts by 20% within minutes). Then the same for the restart
     cases in a second process on the same homes (but for a fresh-dir column, which
     is about the first process)."""
-    envs = [server_env(server, home) for server, home in zip(servers, homes, strict=True)]
-    for server, home, env in zip(servers, homes, envs, strict=True):
+    systems = [(s, home, server_env(s, home)) for s, home in zip(servers, homes, strict=True)]
+    for server, home, env in systems:
         if server.prepare is not None:
             server.prepare(home, env)
     replies: dict[str, dict[str, _peers.Reply]] = {s.name: {} for s in servers}
-    phases = [("first", _peers.first_process_steps(prompts), servers)]
-    later = [s for s in servers if s.name != "warmstart-fresh"]
+    later = [x for x in systems if x[0].name != "warmstart-fresh"]
+    phases = [("first", _peers.first_process_steps(prompts), systems)]
     phases.append(("restart", _peers.restart_steps(prompts), later))
     for phase, steps, these in phases:
         with contextlib.ExitStack() as stack:
-            urls = [
-                stack.enter_context(
-                    running(s, homes[servers.index(s)], phase, envs[servers.index(s)])
-                )
-                for s in these
-            ]
+            urls = [stack.enter_context(running(s, home, phase, env)) for s, home, env in these]
             for i, block in enumerate(_peers.blocks(steps)):
                 for k in range(len(these)):
                     j = (i + k) % len(these)
                     time.sleep(QUIET_S)  # the one before has stored what it computed
-                    _peers.run_steps(urls[j], block, prompts.max_tokens, replies[these[j].name])
+                    _peers.run_steps(urls[j], block, prompts.max_tokens, replies[these[j][0].name])
     for server in servers:
         for label, r in replies[server.name].items():
             log.info(

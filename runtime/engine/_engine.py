@@ -24,7 +24,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..kvstore import TAIL_TOKENS
+from ..kvstore import TAIL_TOKENS, common_prefix
 from ..types import Message, Request, Sampling
 from . import _kvblob, _tools
 from ._llama import (
@@ -290,9 +290,7 @@ class LlamaEngine(Residents):
             )
         except RequestError:
             return []
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
+        n = common_prefix(a, b)
         starts = [i for i in range(n) if a[i] == self.opener[0]]
         return list(a[starts[-1] : n]) if starts else []
 
@@ -486,21 +484,11 @@ class LlamaEngine(Residents):
     def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
         """Those of ``units`` (each dividing ``total``) in batches of which tokens get
         the KV bytes that one batch of ``total`` gives them."""
-        ids = self.model.tokenize("Batch shapes and rounding. " * total, add_special=False)
-        ids = ids[: 16 + total]
-        res = self.residents[self._probe_seq()]
-
-        def kv(batch: int) -> np.ndarray:
-            self.evict(res, counted=False)
-            self.prefill(res, ids[:16], want_logits=False)
-            while len(res.tokens) < len(ids):
-                self.prefill(res, ids[len(res.tokens) : len(res.tokens) + batch], False)
-            out = np.empty(self.blob_bytes(total), dtype=np.uint8)
-            self.cut(self.snapshot(res.seq), 16, len(res.tokens), out)
-            return out
-
-        whole = kv(total)
-        same = tuple(u for u in units if np.array_equal(kv(u), whole))
+        res, ids = self.residents[self._probe_seq()], self._probe_ids("shapes", total)
+        whole = self._probe_kv(res, ids, [total])
+        same = tuple(
+            u for u in units if np.array_equal(self._probe_kv(res, ids, [u] * (total // u)), whole)
+        )
         self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same
 
@@ -511,27 +499,31 @@ class LlamaEngine(Residents):
         tokens up and a per-row one below it, and neither depends on the batch's size.)
         Checked on one prompt prefilled twice: long then short batches of two sizes."""
         longer = 2 * tile + tile // 2 + 7  # neither a multiple of tile nor of its pieces
-        total = 16 + longer + tile - 1
-        ids = self.model.tokenize("Batch kinds and rounding. " * total, add_special=False)
-        ids = ids[:total]
-        res = self.residents[self._probe_seq()]
-
-        def kv(ends: Sequence[int]) -> np.ndarray:
-            self.evict(res, counted=False)
-            prev = 0
-            for end in ends:
-                self.prefill(res, ids[prev:end], False)
-                prev = end
-            out = np.empty(self.blob_bytes(total - 16), dtype=np.uint8)
-            self.cut(self.snapshot(res.seq), 16, total, out)
-            return out
-
-        whole = kv([16, 16 + longer, total])
-        start = 16 + longer  # the short batches: 2, tile // 6 and the rest
-        pieces = [16, 16 + tile, start, start + 2, start + 2 + tile // 6, total]
-        same = np.array_equal(kv(pieces), whole)
+        res, ids = self.residents[self._probe_seq()], self._probe_ids("kinds", longer + tile - 1)
+        whole = self._probe_kv(res, ids, [longer, tile - 1])
+        # the long part as tile and the rest, the short one as 2, tile // 6 and the rest
+        pieces = [tile, longer - tile, 2, tile // 6, tile - 3 - tile // 6]
+        same = np.array_equal(self._probe_kv(res, ids, pieces), whole)
         self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same
+
+    def _probe_ids(self, what: str, n_tokens: int) -> list[int]:
+        """A measurement's prompt: a 16-token prefix (so attention has history), then
+        ``n_tokens`` more."""
+        text = f"Batch {what} and rounding. " * (16 + n_tokens)
+        return self.model.tokenize(text, add_special=False)[: 16 + n_tokens]
+
+    def _probe_kv(self, res: Resident, ids: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+        """The KV bytes of ``ids`` after their 16-token prefix, prefilled into ``res``
+        (emptied first) in batches of ``sizes``."""
+        self.evict(res, counted=False)
+        self.prefill(res, ids[:16], want_logits=False)
+        for size in sizes:
+            n = len(res.tokens)
+            self.prefill(res, ids[n : n + size], False)
+        out = np.empty(self.blob_bytes(len(res.tokens) - 16), dtype=np.uint8)
+        self.cut(self.snapshot(res.seq), 16, len(res.tokens), out)
+        return out
 
     def close(self, close_model: bool = True) -> None:
         self.ctx.close()

@@ -8,6 +8,7 @@ keys (a system prompt shared by many chats is stored once).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from collections.abc import Sequence
 
@@ -74,11 +75,16 @@ def batch_cuts(
     stop = max(n_tokens - tail, 0)
     hard = {a for a in anchors if 0 < a < stop}
     hard.update(c for c in (stop, n_tokens) if c > 0)
-    cuts, prev = set(hard), 0
-    for end in sorted(hard):
-        cuts.update(_inside(prev, end, chunk_tokens, tile))
-        prev = end
-    return sorted(cuts)
+    return sorted(_with_inside(sorted(hard), chunk_tokens, tile))
+
+
+def _with_inside(hard: Sequence[int], chunk_tokens: int, tile: int) -> set[int]:
+    """``hard`` (a prompt's fixed batch ends, sorted) and the ends :func:`_inside`
+    puts between them, from position 0."""
+    cuts = set(hard)
+    for start, end in itertools.pairwise([0, *hard]):
+        cuts.update(_inside(start, end, chunk_tokens, tile))
+    return cuts
 
 
 def _inside(start: int, end: int, chunk_tokens: int, tile: int, closed: bool = True) -> list[int]:
@@ -99,7 +105,7 @@ def _inside(start: int, end: int, chunk_tokens: int, tile: int, closed: bool = T
     if cuts[0] - start < tile:
         cuts[0] = start + tile
     if not closed:
-        return [c for c in cuts if c + tile <= end and c - start >= tile]
+        return [c for c in cuts if c + tile <= end]
     if end - cuts[-1] < tile:
         cuts[-1] = end - tile
         if len(cuts) > 1 and cuts[-1] - cuts[-2] < tile:
@@ -114,11 +120,8 @@ def aligned_cuts(
     and between them (and after the last, as far as it is known) what
     :func:`batch_cuts` puts there. What a finished reply is re-prefilled along."""
     hard = sorted(a for a in anchors if 0 < a <= end)
-    cuts, prev = set(hard), 0
-    for a in hard:
-        cuts.update(_inside(prev, a, chunk_tokens, tile))
-        prev = a
-    cuts.update(_inside(prev, end, chunk_tokens, tile, closed=False))
+    cuts = _with_inside(hard, chunk_tokens, tile)
+    cuts.update(_inside(hard[-1] if hard else 0, end, chunk_tokens, tile, closed=False))
     if end % chunk_tokens == 0 and not (tile and chunk_tokens >= 2 * tile):
         cuts.add(end)  # (a multiple that may move is no end every longer prompt has)
     return sorted(c for c in cuts if start < c <= end)

@@ -149,7 +149,7 @@ class Worker:
         while True:
             with self._cv:
                 # (admission below changes no job's kind; a job queued meanwhile says so)
-                self._set_busy(bool(self.waiting) or any(not j.background for j, _ in active))
+                self._set_busy(self._clients_wait(active))
                 while not (self.closing or self.waiting or self._calls or active):
                     self._cv.wait()
                 # stop() drains: a job still waiting (cancelled by a model switch, say)
@@ -174,6 +174,10 @@ class Worker:
             with self._cv:
                 if not active and not self.waiting:
                     self._idle.set()
+
+    def _clients_wait(self, active: Active) -> bool:
+        """(lock held) A request is queued, or one in ``active`` has a client waiting."""
+        return bool(self.waiting) or any(not j.background for j, _ in active)
 
     def _set_busy(self, busy: bool) -> None:
         """(lock held) Tells ``on_busy`` when a client starts or stops waiting."""
@@ -230,8 +234,7 @@ class Worker:
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
         with self._cv:  # (enqueue changes waiting under the lock)
-            others = bool(self.waiting) or any(not j.background for j, _ in active)
-        job.contended = others
+            job.contended = self._clients_wait(active)
         background = job.background and self._mark_background(True)
         with self._cv:
             self._stepping = job
