@@ -250,3 +250,40 @@ def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path, chunk
     # the system prompt and the user's turn markup after it
     header = len(merged.engine.user_header)
     assert report.cached_tokens == merged.engine.prompt_ids(probe)[1][0] + header
+
+
+def test_a_prompt_prefilled_in_pieces_while_others_wait_gives_the_same_bits(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path, monkeypatch
+) -> None:
+    """While other clients wait, a long batch is decoded in pieces of a tile or more
+    (Job._piece_end): each token takes the same tiled path as in the whole batch, so
+    the chunks stored and the logits are the same bytes as a prefill alone, and the
+    reply equals ``--no-cache``."""
+    from warmstart.runtime.hardware._calibrate import BATCH_TILE
+    from warmstart.runtime.serving._worker import Worker
+
+    same = dict(chunk_tokens=256, batch_tile=BATCH_TILE, merge_batch_tokens=512, n_ctx=2048)
+    alone = make_runtime(tmp_path / "alone", **same)
+    if not alone.on_worker(lambda: alone.engine.batch_kinds(BATCH_TILE)):
+        pytest.skip("this machine's kernels round a token by its batch's size")
+    request = chat("Which crate holds the most bolts?", system=Message("system", DOCUMENT[:1800]))
+    probe = replace(request, sampling=Sampling(max_tokens=1))
+    a, _ = alone.prompt_logits(probe)
+    expected = _chunks(alone, probe)
+    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    pieces = make_runtime(tmp_path / "pieces", **same)
+    sizes: list[int] = []
+    decode = pieces.engine.ctx.decode
+
+    def noted(tokens, *args):  # type: ignore[no-untyped-def]
+        sizes.append(len(tokens))
+        return decode(tokens, *args)
+
+    pieces.engine.ctx.decode = noted
+    b, _ = pieces.prompt_logits(probe)
+    assert max(sizes) < 256, sizes  # no whole chunk in one decode
+    np.testing.assert_array_equal(a, b)
+    assert _chunks(pieces, probe) == expected
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, **same)
+    fresh = make_runtime(tmp_path / "fresh", **same)
+    assert fresh.generate(request).text()[0] == oracle.generate(request).text()[0]

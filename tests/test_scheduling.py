@@ -8,12 +8,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from warmstart.runtime.engine._fake import FakeEngine, FakeOptions
 from warmstart.runtime.serving import _worker
 from warmstart.runtime.serving._worker import Worker, _rank
-from warmstart.runtime.types import TIERS
+from warmstart.runtime.types import TIERS, Message, Request, Sampling
+
+from tests.conftest import fake_runtime
 
 
 def _job(**state: object) -> SimpleNamespace:
@@ -125,3 +129,54 @@ def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
     assert first.hurried and log.index("first capture (hurried)") < log.index("late claim")
     assert log.index("late first token") < log.index("busy first token")
     assert log[-1] == "busy settled"  # its own work, once no client waits
+
+
+def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While other requests' clients wait, a prompt's batch of the long kind (a tile or
+    more) is decoded a piece of about CONTENDED_PIECE_TOKENS at a time, each piece of at
+    least a tile, so that the worker turns to the others within a fraction of a second
+    instead of after a whole chunk; the sequence still records only the batches' ends,
+    and the same prompt again is a whole live hit."""
+    from warmstart.runtime.serving._pipeline import CONTENDED_PIECE_TOKENS
+
+    tile = 64
+    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    rt = fake_runtime(
+        tmp_path,
+        FakeOptions(prefill_delay=0.0),
+        chunk_tokens=256,
+        batch_tile=tile,
+        merge_batch_tokens=512,
+        n_ctx=2048,
+    )
+    calls: list[tuple[int, object]] = []
+    prefill = rt.engine.prefill
+
+    def noted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        calls.append((len(tokens), None if ends is None else list(ends)))
+        return prefill(res, tokens, want_logits, ends)
+
+    rt.engine.prefill = noted  # type: ignore[method-assign]
+    try:
+        words = " ".join(f"w{i % 97}" for i in range(700))
+        request = Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=2))
+        first, report = rt.generate(request).text()
+        rt.wait_idle(30)
+        n, at, piece_ends = report.prompt_tokens, 0, set()
+        for size, ends in calls:  # the prompt's decodes, pieces and all, cover it
+            at += size
+            if ends == []:
+                assert size == CONTENDED_PIECE_TOKENS
+                piece_ends.add(at)
+            if at == n:
+                break
+        assert at == n and len(piece_ends) >= 3
+        # where a piece ended, no batch did: the sequence records only the batches'
+        res = next(r for r in rt.engine.residents if r.tokens)
+        assert res.bounds[-1] == len(res.tokens) and not piece_ends & set(res.bounds)
+        again, report = rt.generate(request).text()
+        assert again == first and report.cached_tokens == n
+    finally:
+        rt.close()

@@ -189,3 +189,33 @@ def test_a_repeat_drawn_from_the_kept_logits_equals_the_cold_reply(  # type: ign
     again, report = events(rt)
     assert sum(report.restored.values()) == len(ids) and report.restored["live"] == len(ids)
     assert again == first == cold
+
+
+def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
+    make_runtime, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Another request took the sequence the moment a reply ended (the worker's
+    _make_room: its settling is cut short, the reply stored as decoded). A reply that
+    max_tokens cut ends with a token sampled but never decoded: it is decoded then, so
+    the reply's chunk is the one the next turn's prompt steps through, and turn 2,
+    restored from the store, reuses the whole reply, and still equals ``--no-cache``."""
+    from warmstart.runtime.serving._pipeline import Job
+
+    settle = Job._settle
+
+    def hurried(self, res):  # type: ignore[no-untyped-def]
+        self.hurried = True  # as _make_room leaves it
+        return (yield from settle(self, res))
+
+    monkeypatch.setattr(Job, "_settle", hurried)
+    rt = make_runtime(tmp_path / "cached", step_replies=True)
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, step_replies=True)
+    messages: tuple[Message, ...] = (SYSTEM, Message("user", "Tell me about the sea."))
+    first = _chat(messages, 6)
+    reply, _ = _reply(rt, first)
+    rt.evict_live()  # the sequence went to another conversation
+    second = _chat((*messages, reply, Message("user", "And rivers?")), 6)
+    again, cached = _reply(rt, second)
+    assert again.content == _reply(oracle, second)[0].content
+    reply_ends = _history_tokens(rt, second.messages[:-1], second) - 2  # (its markup)
+    assert cached >= reply_ends - 1 and cached >= len(rt.engine.prompt_ids(first)[0]) + 5

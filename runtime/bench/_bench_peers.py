@@ -124,7 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="more `warmstart serve` and `doctor` settings, e.g. '--n-threads 1'",
     )
     p.add_argument("--quick", action="store_true", help="short prompts and a short trace")
-    p.add_argument("--no-trace", action="store_true", help="the session scenario only")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--no-trace", action="store_true", help="the session scenario only")
+    only.add_argument("--trace-only", action="store_true", help="the trace only")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the builds are kept")
     args = p.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -186,8 +188,10 @@ def measure(args: argparse.Namespace) -> str:
     setup = resolve_setup(args)
     prompts, plan = _peers.Prompts.make(args.quick), _peers.TracePlan.make(args.quick)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
-        servers = [scenario_server(setup, s) for s in args.systems]
-        scen = run_scenarios(servers, [_home(tmp, s) for s in args.systems], prompts)
+        scen: dict[str, dict[str, _peers.Reply]] = {}
+        if not args.trace_only:
+            servers = [scenario_server(setup, s) for s in args.systems]
+            scen = run_scenarios(servers, [_home(tmp, s) for s in args.systems], prompts)
         traced = (
             [] if args.no_trace else [s for s in ("llama-server", "warmstart") if s in args.systems]
         )
@@ -210,14 +214,14 @@ def render(
     setup: Setup,
     plan: _peers.TracePlan,
 ) -> str:
-    a = next(iter(scen.values())).get("A cold")
+    a = next(iter(scen.values()), {}).get("A cold")
     head = (
         f"model {setup.model.name}; system prompt A: {a.prompt_tokens if a else '?'} "
         f"prompt tokens; llama-server -t {setup.threads} -np 1 -c {TOTAL_CTX} "
         "--no-repack -fa on; warmstart calibrated first (warmstart-fresh: a fresh data "
         "dir's first process)"
     )
-    out = [head, "", _peers.scenario_table(scen, systems)]
+    out = [head, "", _peers.scenario_table(scen, systems)] if scen else [head]
     if trace:
         out += ["", _peers.trace_table(trace, plan)]
     return "\n".join(out)

@@ -325,11 +325,12 @@ class LlamaEngine(Residents):
         res: Resident,
         tokens: Sequence[int],
         want_logits: bool,
-        ends: Sequence[int] = (),
+        ends: Sequence[int] | None = None,
     ) -> bool:
         """Computes ``tokens`` in one decode after what ``res`` holds. ``ends``: the batch
         ends inside it that it stands for (whole chunks merged where that gives the same
-        KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch. False,
+        KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch, and ``[]``
+        the first piece of one (it ends no batch: see ``Job._piece_end``). False,
         with nothing of it kept, when ``interrupt`` stopped it (background work that a
         request arrived for)."""
         n = len(res.tokens)
@@ -345,7 +346,7 @@ class LlamaEngine(Residents):
             raise EngineError("the conversation's KV stream is full")
         res.copy_pending = False
         res.tokens.extend(tokens)
-        res.bounds.extend(ends or (len(res.tokens),))
+        res.bounds.extend((len(res.tokens),) if ends is None else ends)
         return True
 
     def keep_logits(self, res: Resident) -> np.ndarray:

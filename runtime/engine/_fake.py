@@ -267,7 +267,11 @@ class FakeEngine(Residents):
 
     # computing ----------------------------------------------------------------------------
     def prefill(
-        self, res: Resident, tokens: Sequence[int], want_logits: bool, ends: Sequence[int] = ()
+        self,
+        res: Resident,
+        tokens: Sequence[int],
+        want_logits: bool,
+        ends: Sequence[int] | None = None,
     ) -> bool:
         if self._stop.is_set():
             return False
@@ -278,14 +282,14 @@ class FakeEngine(Residents):
             self._decoded(res, len(res.tokens))
         return True
 
-    def _append(self, res: Resident, tokens: Sequence[int], ends: Sequence[int]) -> None:
+    def _append(self, res: Resident, tokens: Sequence[int], ends: Sequence[int] | None) -> None:
         cells, n = self.ctx.cells[res.seq], len(res.tokens)
         if n + len(tokens) > self.n_ctx:
             raise EngineError("the conversation's KV stream is full")
         cells.extend((t, n + i) for i, t in enumerate(tokens))
         res.copy_pending = False
         res.tokens.extend(tokens)
-        res.bounds.extend(ends or (len(res.tokens),))
+        res.bounds.extend((len(res.tokens),) if ends is None else ends)
 
     def _decoded(self, res: Resident, start: int) -> None:
         """The next-token logits after ``res``'s tokens, a reply to ``res.tokens[:start]``
@@ -310,7 +314,7 @@ class FakeEngine(Residents):
 
     def step(self, res: Resident, token: int) -> None:
         time.sleep(self.options.token_delay)
-        self._append(res, (token,), ())
+        self._append(res, (token,), None)
         # the reply started where the prompt's logits were kept (see keep_logits)
         self._decoded(res, res.logits_at if res.logits is not None else len(res.tokens) - 1)
 

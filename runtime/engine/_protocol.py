@@ -126,7 +126,11 @@ class Engine(Protocol):
 
     # computing (the worker; interrupt from any thread)
     def prefill(
-        self, res: Resident, tokens: Sequence[int], want_logits: bool, ends: Sequence[int] = ()
+        self,
+        res: Resident,
+        tokens: Sequence[int],
+        want_logits: bool,
+        ends: Sequence[int] | None = None,
     ) -> bool: ...
 
     def keep_logits(self, res: Resident) -> np.ndarray: ...

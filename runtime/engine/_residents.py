@@ -32,7 +32,8 @@ class Resident:
     """A conversation living in the context as sequence ``seq`` (its own KV stream).
 
     ``tokens`` is exactly what the KV holds, in order; ``bounds`` the ends of the
-    batches it was computed in (ascending, the last one ``len(tokens)``): a token's KV
+    batches it was computed in (ascending, the last one ``len(tokens)`` but while its
+    prompt's batch goes in pieces, see ``Job._piece_end``): a token's KV
     depends on its batch, so a prefix is reusable only up to a batch end that a cold
     prefill of the new prompt would also have (see :func:`reusable`)."""
 

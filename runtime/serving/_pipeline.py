@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 # while other requests' clients wait, a prompt's decodes hold at most this many tokens
 # (about half a second on a 2-core CPU), so a short one is not held up for seconds
 CONTENDED_BATCH_TOKENS = 128
+# and a longer batch goes in pieces of about this many (see Job._piece_end)
+CONTENDED_PIECE_TOKENS = 64
 
 
 @dataclass
@@ -153,18 +155,23 @@ class Job:
         """The prompt after what was live or restored, in the batches a cold run
         computes, a step each; False if the client left (what was prefilled is kept)."""
         engine = self.env.engine
+        begun = have  # where the batch in progress began (a piece of it may be in)
         while have < len(self.ids):
             self.to_prefill = len(self.ids) - have
             # the next decode: chosen at each step, since others may have come meanwhile
-            ends = self._decodes(have, self.cuts)[0]
-            last, done = ends[-1] == len(self.ids), False
+            ends = self._decodes(begun, self.cuts)[0]
+            stop = self._piece_end(begun, have, ends)
+            bound = ends if stop == ends[-1] else []  # a piece ends no batch
+            last, done = stop == len(self.ids), False
             if not self.stream.cancelled:
                 self.prefilling = True
                 try:
-                    done = engine.prefill(res, self.ids[have : ends[-1]], last, ends)
+                    done = engine.prefill(res, self.ids[have:stop], last, bound)
                 finally:
                     self.prefilling = False
-            have = ends[-1] if done else have
+            if done:
+                have = stop
+                begun = stop if bound else begun
             if self.stream.cancelled:  # the client went away: stop paying for its prompt
                 yield from self._cancelled_in_prefill(res, have)
                 return False
@@ -173,7 +180,7 @@ class Job:
             if last:
                 engine.keep_logits(res)
             else:
-                if engine.model.n_swa > 0 and ends[-1] in self._chunk_ends:
+                if engine.model.n_swa > 0 and bound and stop in self._chunk_ends:
                     # a sliding-window cache keeps only the window's cells in a
                     # snapshot: cut each chunk while it is still inside
                     self._keep(res, list(res.bounds))
@@ -209,6 +216,9 @@ class Job:
         the batches already prefilled are stored, so asking again does not redo them."""
         self.report.finish_reason = "cancelled"
         self.reply = ""
+        held = res.bounds[-1] if res.bounds else 0
+        if held < len(res.tokens):  # a piece of a batch is no batch: it goes
+            self.env.engine.trim(res, held)
         self._save_session(None, len(res.tokens))
         self.stream.finish(self.report)
         self.background = True
@@ -222,6 +232,19 @@ class Job:
         """Where the prompt's stored chunks end (a run of one-token batches is one)."""
         run = self.env.tuning.chunk_tokens
         return {end for _, end, _ in chunk_spans(self.cuts, 0, run)}
+
+    def _piece_end(self, begun: int, have: int, ends: Sequence[int]) -> int:
+        """Where the next decode of the prompt stops: the end of the group ``ends``;
+        but while other requests' clients wait, a batch of the long kind (one that
+        began at ``begun``) goes in pieces of about CONTENDED_PIECE_TOKENS, each of at
+        least ``Tuning.batch_tile`` tokens: every token then takes the tiled path it
+        takes in the whole batch, with the same KV bits, and the worker turns to the
+        others between pieces instead of after a whole chunk."""
+        tile = self.env.tuning.batch_tile
+        if not (self.contended and tile) or ends[0] - begun < tile:
+            return ends[-1]
+        stop = have + max(CONTENDED_PIECE_TOKENS, tile)
+        return stop if ends[0] - stop >= tile else ends[-1]
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
@@ -393,6 +416,7 @@ class Job:
         engine = self.env.engine
         keep = reusable(res.bounds, res.tokens, target, cuts)
         if self.hurried:  # the reply as decoded, which the next turn's prompt shares
+            keep = self._close_reply(res, target, cuts, keep)
             return self._keep(res, [b for b in res.bounds if b <= keep])
         cuts = [c for c in cuts if c > keep]
         if not cuts:
@@ -408,6 +432,23 @@ class Job:
                     break
             keep = ends[-1]
         return self._keep(res, [b for b in res.bounds if b <= cuts[-1]])
+
+    def _close_reply(
+        self, res: Resident, target: Sequence[int], cuts: Sequence[int], keep: int
+    ) -> int:
+        """A reply that max_tokens cut ends with a token sampled but never decoded; the
+        next turn's prompt steps through it as the last of the reply's one-token
+        batches, which a store keeps as one chunk: without it, the chunk kept would
+        be another one, and the next turn would restore only up to the reply's start.
+        So that token is decoded now (one token: the waiting request hardly notices);
+        returns how much of ``target`` the sequence then holds."""
+        nxt = next((c for c in cuts if c > keep), None)
+        if nxt != keep + 1 or keep < len(self.ids):
+            return keep
+        self.env.engine.trim(res, keep)
+        if not self.env.engine.prefill(res, target[keep:nxt], want_logits=False):
+            return keep  # (a hurried job runs under the worker's lock: nothing stops it)
+        return nxt
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:
         """The tokens the next turn's prompt starts with, and its batch ends over them.
