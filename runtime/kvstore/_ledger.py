@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ._keys import Span, chunk_key
 
 
@@ -24,6 +26,9 @@ class Record:
     tokens: tuple[int, ...]
     nbytes: int
     slot: int | None = None  # RAM pool slot, when in the pool
+    # its bytes outside the pool until its write-through lands (no slot was free: the
+    # pool held chunks whose writes wait too); RAM all the same
+    held: np.ndarray | None = None
     on_disk: bool = False  # a verified copy is in the disk tier
     pins: int = 0
     last_used: float = 0.0
@@ -36,7 +41,7 @@ class Record:
 
     @property
     def tier(self) -> str | None:
-        if self.slot is not None:
+        if self.slot is not None or self.held is not None:
             return "ram"
         return "disk" if self.on_disk else None
 

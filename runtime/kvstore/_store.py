@@ -161,7 +161,7 @@ class TieredStore:
             loads, at = [], 0
             for r in records:
                 offset = None
-                if r.slot is None and staging_bytes - at >= r.nbytes:
+                if r.tier == "disk" and staging_bytes - at >= r.nbytes:
                     offset, at = at, at + r.nbytes
                 tier = r.tier or "disk"
                 loads.append(Load(r.key, r.start, r.end, r.nbytes, tier, r.slot, offset))
@@ -183,6 +183,8 @@ class TieredStore:
         with self._lock:
             if record.slot is not None and self.pool is not None:
                 return Read(ready=self.pool.view(record.slot, record.nbytes))
+            if record.held is not None:
+                return Read(ready=record.held)
             if self.disk is None or not record.on_disk:
                 return None
             if staging is not None and staging.nbytes >= record.nbytes:
@@ -301,11 +303,10 @@ class TieredStore:
         self.ledger.add(record)
         if self.disk is not None and not self.disk_degraded:
             record.pins += 1  # the write holds it until flushed
-            payload = (
-                self.pool.view(record.slot, nbytes)
-                if record.slot is not None and self.pool is not None
-                else save.buffer[:nbytes]
-            )
+            if record.slot is not None and self.pool is not None:
+                payload = self.pool.view(record.slot, nbytes)
+            else:  # readable until written: a later prompt may share it meanwhile
+                payload = record.held = save.buffer[:nbytes]
             self.transfers.write(record, payload)
         elif record.slot is None:
             self.ledger.remove(save.key)  # no RAM, no disk: nothing holds it
@@ -322,6 +323,7 @@ class TieredStore:
         with self._lock:
             record.pins = max(0, record.pins - 1)
             record.on_disk = record.on_disk or ok
+            record.held = None  # on disk now, or lost
             self.counters["written"] += int(ok)
             if record.slot is None and not record.on_disk:
                 self.ledger.remove(record.key)

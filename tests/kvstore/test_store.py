@@ -227,3 +227,29 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-unt
     while time.monotonic() < deadline and not predicate():
         time.sleep(0.02)
     return bool(predicate())
+
+
+def test_a_chunk_waiting_for_its_write_with_the_pool_full_is_still_restorable(
+    tmp_path: Path,
+) -> None:
+    """Under load, writes wait (HOLD_S each) and every pool slot may hold a chunk not yet
+    on disk, which cannot leave RAM: a chunk captured then is kept in a buffer of its
+    own until its write lands, and a prompt that shares it restores it meanwhile
+    (before, it was in no tier until then, and the next turn recomputed it)."""
+    store = make(tmp_path, slots=1, min_residency_s=0)
+    try:
+        store.transfers.hold(True)
+        parent, start, records = store.root, 0, []
+        for i in range(3):
+            records.append(put(store, parent, start, [i], blob(20 + i)))
+            parent, start = records[-1].key, start + 1
+        assert not any(r.on_disk for r in records) and records[1].slot is None
+        plan = store.prepare_load([0, 1, 2, 99], [1, 2, 3])
+        assert [c.tier for c in plan.loads] == ["ram"] * 3
+        assert [bytes(b) for b in store.transfers.load(plan)] == [blob(20 + i) for i in range(3)]
+        store.complete_load(plan)
+        store.transfers.hold(False)
+        assert store.flush(10) and all(r.on_disk for r in records)
+        assert records[1].tier == "disk" and records[1].held is None  # its buffer went
+    finally:
+        store.close()
