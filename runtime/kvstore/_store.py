@@ -189,7 +189,9 @@ class TieredStore:
                 return None
             if staging is not None and staging.nbytes >= record.nbytes:
                 return Read(buffer=staging)
-            slot = self._alloc_slot() if self.pool is not None else None
+            # (a chunk cut with other settings may be larger than a slot)
+            fits = self.pool is not None and record.nbytes <= self.pool.slot_bytes
+            slot = self._alloc_slot() if fits else None
         if slot is not None and self.pool is not None:
             return Read(buffer=self.pool.view(slot), slot=slot)
         return Read(buffer=np.empty(record.nbytes, dtype=np.uint8))

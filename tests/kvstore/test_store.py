@@ -253,3 +253,24 @@ def test_a_chunk_waiting_for_its_write_with_the_pool_full_is_still_restorable(
         assert records[1].tier == "disk" and records[1].held is None  # its buffer went
     finally:
         store.close()
+
+
+def test_a_disk_chunk_larger_than_a_slot_is_read_into_a_buffer_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A chunk written under other settings (longer chunks, before a recalibration)
+    can be larger than today's pool slot: it is read whole, not dropped as corrupt."""
+    big = blob(30, 2 * SLOT)
+    store = TieredStore("fp", None, DiskTier(tmp_path, "fp", 1, 1 << 30))
+    record = put(store, store.root, 0, [1, 2], big)
+    assert store.flush(10) and record.on_disk
+    store.close()
+    again = make(tmp_path)
+    try:
+        plan = again.prepare_load([1, 2, 3], [2])
+        assert [c.tier for c in plan.loads] == ["disk"]
+        assert [bytes(b) for b in again.transfers.load(plan)] == [big]
+        again.complete_load(plan)
+        assert again.stats()["corrupt"] == 0 and again.stats()["chunks"] == 1
+    finally:
+        again.close()
