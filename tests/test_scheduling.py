@@ -180,3 +180,46 @@ def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
         assert again == first and report.cached_tokens == n
     finally:
         rt.close()
+
+
+def test_a_cancel_between_pieces_keeps_only_whole_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that leaves after a piece of a batch: the piece ends no batch, so it is
+    dropped (the sequence ends at the last batch's end), and the same prompt again
+    reuses exactly the whole batches before it."""
+    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    rt = fake_runtime(
+        tmp_path,
+        FakeOptions(prefill_delay=0.0),
+        chunk_tokens=256,
+        batch_tile=64,
+        merge_batch_tokens=512,
+        n_ctx=2048,
+    )
+    calls: list[object] = []
+    streams: list = []  # type: ignore[type-arg]
+    prefill = rt.engine.prefill
+
+    def noted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        done = prefill(res, tokens, want_logits, ends)
+        calls.append(None if ends is None else list(ends))
+        if len(calls) == 6:  # a piece of the second chunk is in: the client leaves
+            assert ends == []
+            streams[0].cancel()
+        return done
+
+    rt.engine.prefill = noted  # type: ignore[method-assign]
+    try:
+        words = " ".join(f"w{i % 97}" for i in range(700))
+        request = Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=2))
+        streams.append(rt.generate(request))
+        _, report = streams[0].text()
+        rt.wait_idle(30)
+        assert report.finish_reason == "cancelled"
+        res = next(r for r in rt.engine.residents if r.tokens)
+        assert res.bounds[-1] == len(res.tokens) == 256  # the first chunk, whole
+        _, report = rt.generate(request).text()
+        assert report.finish_reason != "cancelled" and report.cached_tokens == 256
+    finally:
+        rt.close()
