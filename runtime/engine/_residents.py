@@ -51,6 +51,12 @@ class Resident:
     logits: np.ndarray | None = None
     logits_at: int = 0
 
+    @property
+    def batched(self) -> int:
+        """Where its last whole batch ends (0: none); before ``len(tokens)`` only while
+        a piece of the next one is in."""
+        return self.bounds[-1] if self.bounds else 0
+
     def forget_logits(self, below: int = 0) -> None:
         """The KV before ``logits_at`` changes (kept up to ``below`` only)."""
         if self.logits is not None and below < self.logits_at:

@@ -155,10 +155,11 @@ class Job:
         """The prompt after what was live or restored, in the batches a cold run
         computes, a step each; False if the client left (what was prefilled is kept)."""
         engine = self.env.engine
-        begun = have  # where the batch in progress began (a piece of it may be in)
         while have < len(self.ids):
             self.to_prefill = len(self.ids) - have
-            # the next decode: chosen at each step, since others may have come meanwhile
+            # the next decode: chosen at each step, since others may have come meanwhile;
+            # from where the batch in progress began (a piece of it may be in)
+            begun = res.batched
             ends = self._decodes(begun, self.cuts)[0]
             stop = self._piece_end(begun, have, ends)
             bound = ends if stop == ends[-1] else []  # a piece ends no batch
@@ -169,9 +170,7 @@ class Job:
                     done = engine.prefill(res, self.ids[have:stop], last, bound)
                 finally:
                     self.prefilling = False
-            if done:
-                have = stop
-                begun = stop if bound else begun
+            have = stop if done else have
             if self.stream.cancelled:  # the client went away: stop paying for its prompt
                 yield from self._cancelled_in_prefill(res, have)
                 return False
@@ -216,9 +215,8 @@ class Job:
         the batches already prefilled are stored, so asking again does not redo them."""
         self.report.finish_reason = "cancelled"
         self.reply = ""
-        held = res.bounds[-1] if res.bounds else 0
-        if held < len(res.tokens):  # a piece of a batch is no batch: it goes
-            self.env.engine.trim(res, held)
+        if res.batched < len(res.tokens):  # a piece of a batch is no batch: it goes
+            self.env.engine.trim(res, res.batched)
         self._save_session(None, len(res.tokens))
         self.stream.finish(self.report)
         self.background = True
