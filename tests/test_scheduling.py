@@ -131,6 +131,35 @@ def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
     assert log[-1] == "busy settled"  # its own work, once no client waits
 
 
+def _contended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after=None):  # type: ignore[no-untyped-def]
+    """A fake runtime whose every step finds other clients waiting, with 256-token
+    chunks and a 64-token tile; its prefills are noted as (tokens, ends) in the list
+    returned, and ``after(calls, ends)`` runs after each. And a 700-word prompt."""
+    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    rt = fake_runtime(
+        tmp_path,
+        FakeOptions(prefill_delay=0.0),
+        chunk_tokens=256,
+        batch_tile=64,
+        merge_batch_tokens=512,
+        n_ctx=2048,
+    )
+    calls: list[tuple[int, list[int] | None]] = []
+    prefill = rt.engine.prefill
+
+    def noted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        done = prefill(res, tokens, want_logits, ends)
+        calls.append((len(tokens), None if ends is None else list(ends)))
+        if after is not None:
+            after(calls, ends)
+        return done
+
+    rt.engine.prefill = noted
+    words = " ".join(f"w{i % 97}" for i in range(700))
+    request = Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=2))
+    return rt, calls, request
+
+
 def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,27 +170,8 @@ def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
     and the same prompt again is a whole live hit."""
     from warmstart.runtime.serving._pipeline import CONTENDED_PIECE_TOKENS
 
-    tile = 64
-    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
-    rt = fake_runtime(
-        tmp_path,
-        FakeOptions(prefill_delay=0.0),
-        chunk_tokens=256,
-        batch_tile=tile,
-        merge_batch_tokens=512,
-        n_ctx=2048,
-    )
-    calls: list[tuple[int, object]] = []
-    prefill = rt.engine.prefill
-
-    def noted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
-        calls.append((len(tokens), None if ends is None else list(ends)))
-        return prefill(res, tokens, want_logits, ends)
-
-    rt.engine.prefill = noted  # type: ignore[method-assign]
+    rt, calls, request = _contended(tmp_path, monkeypatch)
     try:
-        words = " ".join(f"w{i % 97}" for i in range(700))
-        request = Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=2))
         first, report = rt.generate(request).text()
         rt.wait_idle(30)
         n, at, piece_ends = report.prompt_tokens, 0, set()
@@ -173,7 +183,7 @@ def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
             if at == n:
                 break
         assert at == n and len(piece_ends) >= 3
-        # where a piece ended, no batch did: the sequence records only the batches'
+        # where a piece ended, no batch did: the sequence records only the batches' ends
         res = next(r for r in rt.engine.residents if r.tokens)
         assert res.bounds[-1] == len(res.tokens) and not piece_ends & set(res.bounds)
         again, report = rt.generate(request).text()
@@ -188,31 +198,15 @@ def test_a_cancel_between_pieces_keeps_only_whole_batches(
     """A client that leaves after a piece of a batch: the piece ends no batch, so it is
     dropped (the sequence ends at the last batch's end), and the same prompt again
     reuses exactly the whole batches before it."""
-    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
-    rt = fake_runtime(
-        tmp_path,
-        FakeOptions(prefill_delay=0.0),
-        chunk_tokens=256,
-        batch_tile=64,
-        merge_batch_tokens=512,
-        n_ctx=2048,
-    )
-    calls: list[object] = []
     streams: list = []  # type: ignore[type-arg]
-    prefill = rt.engine.prefill
 
-    def noted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
-        done = prefill(res, tokens, want_logits, ends)
-        calls.append(None if ends is None else list(ends))
+    def leave(calls, ends):  # type: ignore[no-untyped-def]
         if len(calls) == 6:  # a piece of the second chunk is in: the client leaves
             assert ends == []
             streams[0].cancel()
-        return done
 
-    rt.engine.prefill = noted  # type: ignore[method-assign]
+    rt, _, request = _contended(tmp_path, monkeypatch, leave)
     try:
-        words = " ".join(f"w{i % 97}" for i in range(700))
-        request = Request(messages=(Message("user", words),), sampling=Sampling(max_tokens=2))
         streams.append(rt.generate(request))
         _, report = streams[0].text()
         rt.wait_idle(30)
