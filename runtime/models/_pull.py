@@ -176,6 +176,7 @@ def _fetch(source: Source, part: Path, have: int, show: bool, watch: Watch) -> N
             # cancel is seen on a slow line; a stalled one is seen at the read timeout
             for block in r.iter_bytes():
                 f.write(block)
+                f.flush()  # on disk as it comes: a kill keeps every byte received
                 have += len(block)
                 bar.update(len(block))
                 watch.update(have, source.size)
