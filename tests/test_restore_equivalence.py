@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from warmstart.runtime.types import Message
 
-from tests.conftest import chat
+from tests.conftest import SYSTEM, chat
 
 pytestmark = pytest.mark.slow
 
 Q1 = "What is the capital of France? Tell me one fact about it."
 Q2 = "Name three primary colors and say why they are called primary."
+HANDBOOK = Message(
+    "system",
+    SYSTEM.content
+    + " You answer questions about the staff handbook: opening hours are nine to five on"
+    " weekdays, the office is closed on public holidays, holiday requests go to the team"
+    " lead two weeks ahead, expenses are filed within a month with receipts, and the"
+    " library lends books for three weeks, renewable once if nobody else asked for them.",
+)
 
 
 def recompute(rt, request):  # type: ignore[no-untyped-def]
@@ -60,6 +69,27 @@ def test_partial_hit_same_system_prompt_other_question(make_runtime) -> None:  #
     logits, report = rt.prompt_logits(other)
     assert 0 < report.restored["ram"] < report.prompt_tokens - 2
     assert_same(logits, recompute(rt, other))
+
+
+def test_another_question_continues_in_place_and_the_chat_it_displaced_is_live_again(
+    make_runtime,
+) -> None:  # type: ignore[no-untyped-def]
+    """The chat the store keeps whole gives its sequence to another question on the same
+    system prompt: that prefix stays live (no restore); once the question has its
+    answer, the chat is loaded back into an empty sequence, and a return to it is a
+    live hit. Both equal a recompute."""
+    rt = make_runtime()
+    first, other = chat(Q1, system=HANDBOOK, max_tokens=48), chat(Q2, system=HANDBOOK)
+    truths = [recompute(rt, first), recompute(rt, other)]
+    rt.generate(first).text()  # its reply too: more than a continuation may drop
+    rt.wait_idle()  # its chunks are kept
+    logits, report = rt.prompt_logits(other)
+    assert report.restored["live"] > 0 and report.restored["ram"] == 0, report
+    assert_same(logits, truths[1])
+    rt.wait_idle()
+    back, report = rt.prompt_logits(first)
+    assert report.restored["live"] == report.prompt_tokens - 2, report
+    assert_same(back, truths[0])
 
 
 def test_a_prompt_that_diverges_inside_a_chunk(make_runtime) -> None:  # type: ignore[no-untyped-def]

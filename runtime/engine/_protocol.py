@@ -28,7 +28,7 @@ The contract, as the pipeline relies on it:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -116,6 +116,7 @@ class Engine(Protocol):
         session: str | None,
         share: bool,
         stored: int = 0,
+        kept: Callable[[Resident], int] | None = None,
     ) -> tuple[Resident, int]: ...
 
     def release(self, res: Resident) -> None: ...

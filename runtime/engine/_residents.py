@@ -7,7 +7,7 @@ and the fake): what differs is only the context that removes and copies cells.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +50,10 @@ class Resident:
     # the KV before it is unchanged: the same prompt again needs no decode at all
     logits: np.ndarray | None = None
     logits_at: int = 0
+    # the conversation it held before another prompt continued in it (tokens, bounds,
+    # session; see ``Residents.claim``): the store keeps it whole, and it goes back
+    # into an empty sequence once that prompt's client has its answer
+    displaced: tuple[list[int], list[int], str | None] | None = None
 
     @property
     def batched(self) -> int:
@@ -107,14 +111,19 @@ class Residents:
         session: str | None,
         share: bool,
         stored: int = 0,
+        kept: Callable[[Resident], int] | None = None,
     ) -> tuple[Resident, int]:
         """A sequence for a prompt, and how many of its tokens it already holds (a
         prefix that ends where one of ``cuts`` does, see :func:`live_prefix`: all of
         them when it holds this prompt's logits). The conversation's own sequence
-        continues in place; else an idle one is taken (empty first, then the least
-        recently used), and gets the longest reusable live prefix of another by a
-        whole-stream copy, unless the store holds a longer prefix (``stored`` tokens),
-        which a restore then loads. ``share=False`` (no cache): nothing is reused."""
+        continues in place, and so does one that shares a prefix with the prompt at
+        least as long as the rest of what it holds, when the store keeps all of that
+        (``kept``: how many of a resident's leading tokens it holds): the shared prefix
+        needs no copy and no restore, and the conversation it held is ``displaced``.
+        Else an idle one is taken (empty first, then the least recently used), and
+        gets the longest reusable live prefix of another by a whole-stream copy, unless
+        the store holds a longer prefix (``stored`` tokens), which a restore then
+        loads. ``share=False`` (no cache): nothing is reused."""
         idle = [r for r in self.residents if not r.busy]
         if not idle:
             raise EngineError("no idle sequence")  # the runtime admits at most one per job
@@ -126,10 +135,13 @@ class Residents:
         )
         if not live:
             best = None
+        mine = next((r for r in idle if session and r.session == session), None)
         if best is not None and (self._continues(best, live, session) or len(idle) == 1):
             res = best  # continues in place (what it holds beyond ``live`` is stored)
+        elif best is not None and mine in (None, best) and self._spare(best, live, kept):
+            res = best
+            res.displaced = (list(res.tokens), list(res.bounds), res.session)
         else:
-            mine = next((r for r in idle if session and r.session == session), None)
             others = [r for r in idle if r is not best]
             if mine is not None and mine is not best:
                 res = mine
@@ -155,6 +167,13 @@ class Residents:
         # unknown conversations: a continuation diverges only where the last reply was
         # re-tokenized, a little before the end of what the sequence holds
         return len(res.tokens) - live <= CONTINUATION_SLACK
+
+    @staticmethod
+    def _spare(res: Resident, live: int, kept: Callable[[Resident], int] | None) -> bool:
+        """Can ``res`` give what it holds beyond ``live`` up to another conversation:
+        the store keeps all of it, and it is no longer than ``live``?"""
+        tail = len(res.tokens) - live
+        return kept is not None and tail <= live and kept(res) >= len(res.tokens)
 
     def release(self, res: Resident) -> None:
         res.busy = False

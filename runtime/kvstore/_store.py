@@ -151,12 +151,7 @@ class TieredStore:
         prefill uses), pinned until ``complete_load``; disk chunks are given places in
         a staging memory of ``staging_bytes``, one after another while it lasts."""
         with self._lock:
-            records = []
-            spans = chunk_spans(cuts, 0, self.run_tokens)
-            for hit in self.ledger.lookup(self.root, ids, spans):
-                if hit.record.tier is None:
-                    break
-                records.append(hit.record)
+            records = self._stored(ids, cuts)
             self.ledger.pin(records)
             loads, at = [], 0
             for r in records:
@@ -166,6 +161,22 @@ class TieredStore:
                 tier = r.tier or "disk"
                 loads.append(Load(r.key, r.start, r.end, r.nbytes, tier, r.slot, offset))
             return LoadPlan(tuple(loads), tuple(records))
+
+    def held(self, ids: Sequence[int], cuts: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` (computed in batches ending at ``cuts``)
+        the store holds in some tier, as whole chunks; nothing is pinned."""
+        with self._lock:
+            records = self._stored(ids, cuts)
+            return records[-1].end if records else 0
+
+    def _stored(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Record]:
+        """The chunks of ``ids`` held in some tier, from its start (lock held)."""
+        records = []
+        for hit in self.ledger.lookup(self.root, ids, chunk_spans(cuts, 0, self.run_tokens)):
+            if hit.record.tier is None:
+                break
+            records.append(hit.record)
+        return records
 
     def complete_load(self, plan: LoadPlan) -> None:
         """Unpins; a chunk doomed while it was being read goes now."""

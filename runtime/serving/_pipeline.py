@@ -116,10 +116,11 @@ class Job:
         plan = self._prepare_load()
         try:
             sid = self.admitted.session_id
-            res, live = engine.claim(self.ids, self.cuts, sid, share, plan.end)
+            res, live = engine.claim(self.ids, self.cuts, sid, share, plan.end, self._kept)
         except BaseException:
             self._complete_load(plan)
             raise
+        displaced, res.displaced = res.displaced, None
         self.report.restored["live"] = live
         try:
             try:
@@ -143,6 +144,7 @@ class Job:
             self.background = True
             yield
             yield from self._after_reply(res)
+            yield from self._rehome(displaced)
         finally:
             if not share:
                 # nothing of it was stored: left live, it would be reused by the next
@@ -209,6 +211,33 @@ class Job:
         leaf = (yield from self._settle(res)) or leaf
         self._save_session(leaf, len(res.tokens), kept=True)
 
+    def _rehome(self, displaced: tuple[list[int], list[int], str | None] | None) -> Iterator[None]:
+        """The conversation this prompt's sequence held before (``Resident.displaced``)
+        is loaded from the store's RAM into an empty idle sequence, while no client
+        waits, so that a return to it is a live hit again. Nothing is evicted for it,
+        and a chunk on disk only is not read for it: the return restores it then."""
+        store, engine = self.env.store, self.env.engine
+        if displaced is None or store is None:
+            return
+        yield
+        home = next((r for r in engine.residents if not (r.busy or r.tokens)), None)
+        if self.hurried or self.preempted or home is None:
+            return  # requests wait (or came for the sequences): they go first
+        tokens, bounds, session = displaced
+        plan = store.prepare_load(tokens, bounds)
+        try:
+            blobs = []
+            for load, record in zip(plan.loads, plan.records, strict=True):
+                blob = store.transfers.read(record) if load.tier == "ram" else None
+                if blob is None:
+                    break
+                blobs.append(blob)
+            ends = plan.ends(len(blobs))
+            if ends and engine.restore(home, blobs, tokens, [b for b in bounds if b <= ends[-1]]):
+                home.session, home.last_used = session, time.monotonic()
+        finally:
+            store.complete_load(plan)
+
     def _cancelled_in_prefill(self, res: Resident, have: int) -> Iterator[None]:
         """Cut short before the first token (Ctrl-C, a client that left): the turn is kept
         as interrupted with nothing shown, as a reply cut later keeps what was shown, and
@@ -259,6 +288,11 @@ class Job:
             return LoadPlan()
         room = 0 if staging is None else staging.nbytes
         return store.prepare_load(self.ids, self.cuts[:-1], room)
+
+    def _kept(self, res: Resident) -> int:
+        """How many of the leading tokens ``res`` holds the store keeps."""
+        store = self.env.store
+        return store.held(res.tokens, res.bounds) if self.cached and store is not None else 0
 
     def _complete_load(self, plan: LoadPlan) -> None:
         if self.env.store is not None:
