@@ -90,12 +90,18 @@ class Transfers:
         records: Sequence[Record],
         make_room: bool = True,
         stop: threading.Event | None = None,
+        background: bool = False,
     ) -> int:
         """Brings disk-only chunks into the pool (off the request path); returns the
         tokens promoted. Without ``make_room`` (prewarm) it stops at the high watermark
-        rather than demote chunks that are warm for a reason; ``stop`` set ends it."""
+        rather than demote chunks that are warm for a reason; ``stop`` set ends it.
+        ``background`` (the startup prewarm): before each chunk it waits until no
+        request is being prefilled or decoded, so that its disk reads and zstd
+        decompression never take a core from a request's steps."""
         tokens = 0
         for record in records:
+            while background and not (self._quiet.is_set() or (stop and stop.is_set())):
+                self._quiet.wait(0.05)
             if stop is not None and stop.is_set():
                 break
             verdict = self._store.may_promote(record, make_room)

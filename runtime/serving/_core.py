@@ -274,12 +274,19 @@ class LocalRuntime:
         row = self.book.get(session_id)
         return self._info(row) if row else None
 
-    def prewarm(self, session_id: str, stop: threading.Event | None = None) -> int:
+    def prewarm(
+        self, session_id: str, stop: threading.Event | None = None, background: bool = False
+    ) -> int:
+        """Promotes the conversation's chunks to RAM (at once when a client asks);
+        ``background`` (the startup prewarm): each chunk waits until no request is
+        being computed, so that it never slows one."""
         row = self.book.get(session_id)
         if row is None or row.leaf is None or self.store is None:
             return 0
         chain = self.store.chain(row.leaf)
-        return self.store.transfers.promote(chain, make_room=False, stop=stop)
+        return self.store.transfers.promote(
+            chain, make_room=False, stop=stop, background=background
+        )
 
     def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
         """Promotes the most recent conversations to RAM (run off the request path);
@@ -288,7 +295,7 @@ class LocalRuntime:
         for row in self.book.list(limit=n):
             if stop is not None and stop.is_set():
                 break
-            total += self.prewarm(row.id, stop)
+            total += self.prewarm(row.id, stop, background=True)
         return total
 
     def add_background(self, thread: threading.Thread, stop: threading.Event) -> None:

@@ -1,4 +1,5 @@
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -220,6 +221,54 @@ def test_a_write_waits_while_a_request_is_computed(tmp_path: Path) -> None:
         assert store.transfers.flush(timeout=1.5) and other.on_disk
     finally:
         store.close()
+
+
+def test_the_startup_prewarm_reads_nothing_while_a_request_is_computed(tmp_path: Path) -> None:
+    """The prewarm's disk reads and decompression would take a core from a request's
+    steps: in the background it waits while the engine is busy with a request, then
+    goes; a client's own prewarm goes at once; close()'s stop ends the wait."""
+    store = make(tmp_path)
+    a = put(store, store.root, 0, [1, 2], blob(11))
+    b = put(store, a.key, 2, [3, 4], blob(12))
+    store.flush()
+    store.close()
+    again = make(tmp_path)
+    try:
+        chain = again.chain(b.key)
+        assert [r.tier for r in chain] == ["disk", "disk"]
+        again.transfers.hold(True)
+        done: list[int] = []
+        worker = threading.Thread(
+            target=lambda: done.append(
+                again.transfers.promote(chain, make_room=False, background=True)
+            )
+        )
+        worker.start()
+        time.sleep(0.3)
+        assert not done and [r.tier for r in chain] == ["disk", "disk"]
+        again.transfers.hold(False)
+        worker.join(10)
+        assert done == [4] and [r.tier for r in chain] == ["ram", "ram"]
+    finally:
+        again.close()
+    third = make(tmp_path)
+    try:
+        chain = third.chain(b.key)
+        third.transfers.hold(True)
+        assert third.transfers.promote(chain[:1], make_room=False) == 2  # asked for: at once
+        stop = threading.Event()
+        worker = threading.Thread(
+            target=lambda: done.append(
+                third.transfers.promote(chain, make_room=False, stop=stop, background=True)
+            )
+        )
+        worker.start()
+        time.sleep(0.2)
+        stop.set()
+        worker.join(10)
+        assert not worker.is_alive() and done[-1] == 0 and chain[1].tier == "disk"
+    finally:
+        third.close()
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
