@@ -190,6 +190,8 @@ def restart_steps(p: Prompts) -> list[Step]:
             "A turn 2 after restart",
             lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)]),
         ),
+        # a third reply after the restart: the decode row's median is not of two
+        ("B after restart", lambda r: conversation(p.b, "Summarise the handbook.")),
     ]
 
 
@@ -321,6 +323,7 @@ SCENARIO_ROWS = [
     ("same system prompt, another question", "A other q"),
     ("after a restart: the same request", "A after restart"),
     ("after a restart: turn 2", "A turn 2 after restart"),
+    ("after a restart: the other chat", "B after restart"),
 ]
 FIRST_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0))]
 RESTART_LABELS = [label for label, _ in restart_steps(Prompts("", "", 0))]
