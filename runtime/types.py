@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -191,6 +191,17 @@ class Stream(Protocol):
     def __iter__(self) -> Iterator[Event]: ...
 
     def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class WatchedStream(Stream, Protocol):
+    """A Stream an event loop can read without a thread per token: ``watch(fn)``
+    has ``fn`` called (on the producer's thread) after each event is put, and
+    ``poll()`` returns the next event, or None when none is waiting yet."""
+
+    def watch(self, watcher: Callable[[], None] | None) -> None: ...
+
+    def poll(self) -> Event | None: ...
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ conversation's slot at once instead of generating for nobody.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -23,7 +25,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import Cancelled, WarmstartError
-from ..types import Done, Event, Report, Stream, Token, TokenLogprob
+from ..types import Done, Event, Report, Stream, Token, TokenLogprob, WatchedStream
 from ..types import Message as ChatMessage
 from ._errors import error_body
 from ._replies import Shape
@@ -36,22 +38,55 @@ def _next(iterator: Iterator[Event]) -> Event | None:
 
 
 async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterator[Event]:
-    """The stream's events; cancels the stream unless it was read to its Done."""
-    iterator = iter(stream)
+    """The stream's events; cancels the stream unless it was read to its Done.
+
+    A WatchedStream is read on the event loop itself, woken by its producer after
+    each event. Any other stream's ``next()`` runs in a worker thread; that is two
+    more thread wake-ups a token, and on a machine whose cores all run llama.cpp's
+    threads each wake-up preempts one of them while the others wait for it."""
+    watched, ready = _watch(stream)
+    iterator = iter(stream)  # (a generator: nothing runs until it is read)
     done = False
     try:
         while not done:
-            # abandon_on_cancel: a disconnect must not wait for the next token.
-            event = await anyio.to_thread.run_sync(
-                _next, iterator, abandon_on_cancel=True, limiter=limiter
-            )
-            if event is None:
-                raise WarmstartError("the runtime's stream ended without a Done event")
+            if watched is not None:
+                ready.clear()  # before the poll: an event put after it sets it again
+                event = watched.poll()
+                if event is None:
+                    await ready.wait()
+                    continue
+            else:
+                # abandon_on_cancel: a disconnect must not wait for the next token.
+                event = await anyio.to_thread.run_sync(
+                    _next, iterator, abandon_on_cancel=True, limiter=limiter
+                )
+                if event is None:
+                    raise WarmstartError("the runtime's stream ended without a Done event")
             done = isinstance(event, Done)
             yield event
     finally:
+        if watched is not None:
+            watched.watch(None)
         if not done:
             stream.cancel()
+
+
+def _watch(stream: Stream) -> tuple[WatchedStream | None, asyncio.Event]:
+    """The stream, watched from the running asyncio loop (None where it cannot be)."""
+    ready = asyncio.Event()
+    if not isinstance(stream, WatchedStream):
+        return None, ready
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # another event loop than asyncio's
+        return None, ready
+
+    def wake() -> None:  # on the producer's thread
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads
+            loop.call_soon_threadsafe(ready.set)
+
+    stream.watch(wake)
+    return stream, ready
 
 
 @dataclass
@@ -238,6 +273,11 @@ class SSEResponse(StreamingResponse):
             with anyio.fail_after(self._send_timeout):
                 await send(message)
 
+        # Where the kernel's send queue can be asked, its watcher ends a reply whose
+        # reader stopped (a send blocked on full buffers included), and each token's
+        # send goes without a timer of its own: a timer a token is event-loop work
+        # that, on a machine whose cores all run llama.cpp's threads, delays a decode.
+        watched = self._sock is not None and unsent_bytes(self._sock) is not None
         try:
             async with anyio.create_task_group() as group:
 
@@ -248,10 +288,10 @@ class SSEResponse(StreamingResponse):
                     group.cancel_scope.cancel()
 
                 group.start_soon(watch)
-                if self._sock is not None:
+                if watched:
                     group.start_soon(self._watch_queue, group.cancel_scope)
                 try:
-                    await self.stream_response(timed_send)
+                    await self.stream_response(send if watched else timed_send)
                 except OSError as exc:  # TimeoutError too: the client stopped reading
                     log.info("cannot send to the client (%s); cancelling its generation", exc)
                 group.cancel_scope.cancel()

@@ -25,6 +25,7 @@ class QueueStream:
         self._on_cancel = on_cancel
         self._finished = threading.Event()
         self._delivered: list[str] = []
+        self._watcher: Callable[[], None] | None = None
 
     # producer side
     @property
@@ -33,17 +34,23 @@ class QueueStream:
 
     def put_token(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         if text or logprobs:
-            self._queue.put(Token(text, logprobs))
+            self._put(Token(text, logprobs))
 
     def finish(self, report: Report, reply: Message | None = None) -> None:
         if not self._finished.is_set():
             self._finished.set()
-            self._queue.put(Done(report, reply))
+            self._put(Done(report, reply))
 
     def fail(self, exc: BaseException) -> None:
         if not self._finished.is_set():
             self._finished.set()
-            self._queue.put(exc)
+            self._put(exc)
+
+    def _put(self, item: Event | BaseException) -> None:
+        self._queue.put(item)
+        watcher = self._watcher
+        if watcher is not None:
+            watcher()
 
     @property
     def delivered(self) -> str:
@@ -57,13 +64,33 @@ class QueueStream:
         if first and self._on_cancel is not None:
             self._on_cancel()
 
+    def watch(self, watcher: Callable[[], None] | None) -> None:
+        """``watcher`` is called on the producer's thread after each event is put (and
+        once now, for those already waiting): an event loop reads them with ``poll``
+        when told, instead of a thread blocking in ``next()`` for each token. None
+        stops it."""
+        self._watcher = watcher
+        if watcher is not None:
+            watcher()
+
+    def poll(self) -> Event | None:
+        """The next event if one is waiting, else None (a failure is raised)."""
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        return self._take(item)
+
+    def _take(self, item: Event | BaseException) -> Event:
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, Token) and not self._cancel.is_set():
+            self._delivered.append(item.text)
+        return item
+
     def __iter__(self) -> Iterator[Event]:
         while True:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, Token) and not self._cancel.is_set():
-                self._delivered.append(item.text)
+            item = self._take(self._queue.get())
             yield item
             if isinstance(item, Done):
                 return
