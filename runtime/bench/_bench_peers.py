@@ -69,11 +69,12 @@ def run_scenarios(
     for server in servers:
         for label, r in replies[server.name].items():
             log.info(
-                "%-13s %-23s TTFT %7.3f s  decode %6.1f tok/s  prompt %5d  cached %s",
+                "%-13s %-23s TTFT %7.3f s  decode %6.1f tok/s (%2d)  prompt %5d  cached %s",
                 server.name,
                 label,
                 r.ttft,
                 r.decode_tps,
+                r.completion_tokens,
                 r.prompt_tokens,
                 r.cached_tokens,
             )

@@ -97,7 +97,7 @@ def conversation(system: str, question: str, history: Sequence[tuple[str, str]] 
 @dataclass(frozen=True)
 class Reply:
     ttft: float  # seconds from sending the request to the first streamed content
-    decode_tps: float  # tokens/s after the first one (nan when fewer than two)
+    decode_tps: float  # tokens/s after the first, first text to last (nan if under two)
     completion_tokens: int
     prompt_tokens: int
     cached_tokens: int | None
@@ -121,6 +121,7 @@ def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900
     )
     started = time.perf_counter()
     first: float | None = None
+    last: float | None = None
     usage: dict[str, object] = {}
     text: list[str] = []
     try:
@@ -132,19 +133,26 @@ def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900
                 chunk = json.loads(line[5:])
                 piece = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
                 if piece:
-                    first = first if first is not None else time.perf_counter() - started
+                    last = time.perf_counter() - started
+                    first = first if first is not None else last
                     text.append(piece)
                 usage = chunk.get("usage") or usage
     except OSError as exc:  # urllib's HTTPError and URLError are OSErrors
         raise PeerError(f"{base_url}: the request failed: {exc}") from exc
-    return _reply(started, first, usage, "".join(text))
+    return _reply(started, first, last, usage, "".join(text))
 
 
-def _reply(started: float, first: float | None, usage: dict[str, object], text: str) -> Reply:
+def _reply(
+    started: float, first: float | None, last: float | None, usage: dict[str, object], text: str
+) -> Reply:
+    """Decode tok/s is timed from the first piece of text to the last: the end of a
+    stream adds what a reply of its length does not decode (the end-of-turn token's
+    step, the last chunks), and two builds' greedy replies differ in length."""
     total = time.perf_counter() - started
     n = int(usage.get("completion_tokens", 0))  # type: ignore[call-overload]
     ttft = first if first is not None else total
-    tps = (n - 1) / (total - ttft) if n > 1 and total > ttft else math.nan
+    end = last if last is not None else total
+    tps = (n - 1) / (end - ttft) if n > 1 and end > ttft else math.nan
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     prompt = int(usage.get("prompt_tokens", 0))  # type: ignore[call-overload]
