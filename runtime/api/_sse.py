@@ -14,7 +14,7 @@ import json
 import logging
 import socket
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,49 +44,61 @@ async def events(stream: Stream, limiter: anyio.CapacityLimiter) -> AsyncIterato
     each event. Any other stream's ``next()`` runs in a worker thread; that is two
     more thread wake-ups a token, and on a machine whose cores all run llama.cpp's
     threads each wake-up preempts one of them while the others wait for it."""
-    watched, ready = _watch(stream)
-    iterator = iter(stream)  # (a generator: nothing runs until it is read)
+    next_event, unwatch = _reader(stream, limiter)
     done = False
     try:
         while not done:
-            if watched is not None:
-                ready.clear()  # before the poll: an event put after it sets it again
-                event = watched.poll()
-                if event is None:
-                    await ready.wait()
-                    continue
-            else:
-                # abandon_on_cancel: a disconnect must not wait for the next token.
-                event = await anyio.to_thread.run_sync(
-                    _next, iterator, abandon_on_cancel=True, limiter=limiter
-                )
-                if event is None:
-                    raise WarmstartError("the runtime's stream ended without a Done event")
+            event = await next_event()
+            if event is None:
+                raise WarmstartError("the runtime's stream ended without a Done event")
             done = isinstance(event, Done)
             yield event
     finally:
-        if watched is not None:
-            watched.watch(None)
+        unwatch()
         if not done:
             stream.cancel()
 
 
-def _watch(stream: Stream) -> tuple[WatchedStream | None, asyncio.Event]:
-    """The stream, watched from the running asyncio loop (None where it cannot be)."""
-    ready = asyncio.Event()
-    if not isinstance(stream, WatchedStream):
-        return None, ready
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # another event loop than asyncio's
-        return None, ready
+Reader = tuple[Callable[[], Awaitable[Event | None]], Callable[[], None]]
+
+
+def _reader(stream: Stream, limiter: anyio.CapacityLimiter) -> Reader:
+    """How ``events`` takes the next event (None: the stream ended without a Done),
+    and what stops the watching once it is done."""
+    loop = _running_asyncio_loop()
+    if not isinstance(stream, WatchedStream) or loop is None:
+        iterator = iter(stream)
+
+        async def in_thread() -> Event | None:
+            # abandon_on_cancel: a disconnect must not wait for the next token.
+            return await anyio.to_thread.run_sync(
+                _next, iterator, abandon_on_cancel=True, limiter=limiter
+            )
+
+        return in_thread, lambda: None
+    watched, ready = stream, asyncio.Event()
 
     def wake() -> None:  # on the producer's thread
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads
             loop.call_soon_threadsafe(ready.set)
 
-    stream.watch(wake)
-    return stream, ready
+    async def polled() -> Event | None:
+        while True:
+            ready.clear()  # before the poll: an event put after it sets it again
+            event = watched.poll()
+            if event is not None:
+                return event
+            await ready.wait()
+
+    watched.watch(wake)
+    return polled, lambda: watched.watch(None)
+
+
+def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # another event loop than asyncio's
+        return None
 
 
 @dataclass
@@ -277,7 +289,7 @@ class SSEResponse(StreamingResponse):
         # reader stopped (a send blocked on full buffers included), and each token's
         # send goes without a timer of its own: a timer a token is event-loop work
         # that, on a machine whose cores all run llama.cpp's threads, delays a decode.
-        watched = self._sock is not None and unsent_bytes(self._sock) is not None
+        queue_watched = self._sock is not None and unsent_bytes(self._sock) is not None
         try:
             async with anyio.create_task_group() as group:
 
@@ -288,10 +300,10 @@ class SSEResponse(StreamingResponse):
                     group.cancel_scope.cancel()
 
                 group.start_soon(watch)
-                if watched:
+                if queue_watched:
                     group.start_soon(self._watch_queue, group.cancel_scope)
                 try:
-                    await self.stream_response(send if watched else timed_send)
+                    await self.stream_response(send if queue_watched else timed_send)
                 except OSError as exc:  # TimeoutError too: the client stopped reading
                     log.info("cannot send to the client (%s); cancelling its generation", exc)
                 group.cancel_scope.cancel()

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -100,8 +100,8 @@ class Transfers:
         decompression never take a core from a request's steps."""
         tokens = 0
         for record in records:
-            while background and not (self._quiet.is_set() or (stop and stop.is_set())):
-                self._quiet.wait(0.05)
+            if background:
+                self._wait_quiet(lambda: stop is not None and stop.is_set())
             if stop is not None and stop.is_set():
                 break
             verdict = self._store.may_promote(record, make_room)
@@ -150,11 +150,15 @@ class Transfers:
         finally:
             self._flushing -= 1
 
-    def _wait_quiet(self) -> None:
+    def _wait_quiet(self, give_up: Callable[[], bool]) -> None:
+        """Until no request is computed, or ``give_up()``."""
+        while not (self._quiet.is_set() or give_up()):
+            self._quiet.wait(0.05)
+
+    def _hold_write(self) -> None:
         """Until no request is computed, a flush waits, or HOLD_S have passed."""
         deadline = time.monotonic() + HOLD_S
-        while not (self._quiet.is_set() or self._flushing) and time.monotonic() < deadline:
-            self._quiet.wait(0.05)
+        self._wait_quiet(lambda: bool(self._flushing) or time.monotonic() >= deadline)
 
     def close(self) -> None:
         self._quiet.set()  # what is queued is written now
@@ -176,7 +180,7 @@ class Transfers:
                     return
                 op, arg = item
                 if op == "put":
-                    self._wait_quiet()
+                    self._hold_write()
                     self._write_one(*arg)
                 elif op == "delete" and store.disk is not None:
                     store.disk.delete(arg)
