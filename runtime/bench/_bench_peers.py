@@ -69,7 +69,7 @@ def run_scenarios(
     for server in servers:
         for label, r in replies[server.name].items():
             log.info(
-                "%-13s %-23s TTFT %7.3f s  decode %6.1f tok/s (%2d)  prompt %5d  cached %s",
+                "%-15s %-25s TTFT %7.3f s  decode %6.1f tok/s (%2d)  prompt %5d  cached %s",
                 server.name,
                 label,
                 r.ttft,

@@ -68,6 +68,12 @@ QUESTIONS = [
     "Which rule is the strictest?",
 ]
 FOLLOW_UP = "Say that again in one sentence."
+# asked on A's system prompt after the restart, none of them asked before it
+LATER_QUESTIONS = [
+    "Who signs the overtime form?",
+    "What goes in the blue folder?",
+    "When is the duty manager called?",
+]
 
 
 def document(seed: int, chars: int) -> str:
@@ -186,13 +192,14 @@ def first_process_steps(p: Prompts) -> list[Step]:
         ("B cold", lambda r: conversation(p.b, "Summarise the handbook.")),
         ("A after B", lambda r: conversation(p.a, q1)),
         ("A turn 2", lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)])),
-        # three other questions, each a run of its own (a different system goes first
+        # five other questions, each a run of its own (a different system goes first
         # each time): the row is their median, not one draw of a case at parity
-        *((label, _asking(p.a, q)) for label, q in zip(OTHER_Q, QUESTIONS[1:], strict=False)),
+        *((label, _asking(p.a, q)) for label, q in zip(OTHER_Q, QUESTIONS[1:], strict=True)),
     ]
 
 
-OTHER_Q = ("A other q", "A other q 2", "A other q 3")
+OTHER_Q = ("A other q", *(f"A other q {i}" for i in range(2, len(QUESTIONS))))
+LATER_Q = tuple(f"{label} after restart" for label in OTHER_Q[: len(LATER_QUESTIONS)])
 
 
 def _asking(system: str, question: str) -> Callable[[dict[str, Reply]], Messages]:
@@ -207,8 +214,10 @@ def restart_steps(p: Prompts) -> list[Step]:
             "A turn 2 after restart",
             lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)]),
         ),
-        # a third reply after the restart: the decode row's median is not of two
+        # a third reply after the restart, and new questions on A's system prompt: the
+        # decode row is a median of six replies, as many as the first process's
         ("B after restart", lambda r: conversation(p.b, "Summarise the handbook.")),
+        *((label, _asking(p.a, q)) for label, q in zip(LATER_Q, LATER_QUESTIONS, strict=True)),
     ]
 
 
@@ -337,10 +346,11 @@ SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
     ("live repeat of the same request", "A repeat"),
     ("the same chat after another chat", "A after B"),
     ("turn 2 (whole history + follow-up) sent right after the reply", "A turn 2"),
-    ("same system prompt, another question (median of 3)", OTHER_Q),
+    (f"same system prompt, another question (median of {len(OTHER_Q)})", OTHER_Q),
     ("after a restart: the same request", "A after restart"),
     ("after a restart: turn 2", "A turn 2 after restart"),
     ("after a restart: the other chat", "B after restart"),
+    (f"after a restart: another question (median of {len(LATER_Q)})", LATER_Q),
 ]
 FIRST_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0))]
 RESTART_LABELS = [label for label, _ in restart_steps(Prompts("", "", 0))]
