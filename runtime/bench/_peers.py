@@ -215,7 +215,7 @@ def restart_steps(p: Prompts) -> list[Step]:
             lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)]),
         ),
         # a third reply after the restart, and new questions on A's system prompt: the
-        # decode row is a median of six replies, as many as the first process's
+        # after-restart decode row is a median of six replies, not of three
         ("B after restart", lambda r: conversation(p.b, "Summarise the handbook.")),
         *((label, _asking(p.a, q)) for label, q in zip(LATER_Q, LATER_QUESTIONS, strict=True)),
     ]
