@@ -48,9 +48,12 @@ class EngineError(WarmstartError):
 class ContextOverflow(EngineError):
     """The prompt plus the requested completion does not fit in the context."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+    def __init__(
+        self, prompt_tokens: int, max_tokens: int, n_ctx: int, at_least: bool = False
+    ) -> None:
+        size = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         super().__init__(
-            f"this prompt is {prompt_tokens} tokens and asks for up to {max_tokens} more, "
+            f"this prompt is {size} tokens and asks for up to {max_tokens} more, "
             f"but a conversation holds at most {n_ctx} tokens; shorten the conversation "
             "or lower max_tokens"
         )

@@ -87,3 +87,39 @@ def test_trim_keeps_the_system_prompt_and_the_last_turns(
             error_only.admit(replace(admitted.request, messages=tuple(turns)))
     finally:
         error_only.close()
+
+
+def _untokenized(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """The requests the engine was asked to tokenize, from now on."""
+    seen: list[Request] = []
+    tokenize = runtime.engine.prompt_ids
+
+    def spy(request: Request, *args: object, **kwargs: object) -> object:
+        seen.append(request)
+        return tokenize(request, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime.engine, "prompt_ids", spy)
+    return seen
+
+
+def test_a_prompt_bounded_over_the_context_is_refused_untokenized(
+    fake: LocalRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A megabyte tokenized takes seconds of a core that other clients wait for: a
+    proven lower bound on its tokens refuses it first, with the same error."""
+    tokenized = _untokenized(fake, monkeypatch)
+    huge = " ".join(["word"] * 200)
+    for request in (chat_of(Message("user", huge)), Request(prompt=huge)):
+        with pytest.raises(ContextOverflow, match="at least 200 tokens"):
+            fake.admit(request)
+    last_turn = (Message("system", "be brief"), Message("user", "hi"), Message("assistant", "ok"))
+    with pytest.raises(ContextOverflow):  # trimming keeps the last turn: still over
+        fake.admit(chat_of(*last_turn, Message("user", huge)))
+    assert tokenized == []
+    # an early turn over the context is trimmed away, not refused
+    admitted = fake.admit(chat_of(Message("user", huge), *last_turn[1:], Message("user", "and?")))
+    assert admitted.request.messages[0].content == "hi" and len(tokenized) >= 1
+
+
+def chat_of(*messages: Message) -> Request:
+    return Request(messages=messages, sampling=Sampling(max_tokens=8))

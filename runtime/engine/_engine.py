@@ -227,6 +227,22 @@ class LlamaEngine(Residents):
                 anchors.add(len(head))
         return ids, tuple(sorted(anchors))
 
+    def least_tokens(self, request: Request, reach: int) -> int:
+        """A lower bound on the prompt's token count, proven without tokenizing it
+        (``PromptTokenizer.least_tokens``): admission refuses a prompt over the context
+        by it, where tokenizing a megabyte takes seconds of a core. 0 when the text is
+        too short for the bound to reach ``reach`` (then nothing is rendered)."""
+        texts = [request.prompt or "", *(m.content for m in request.messages)]
+        if 4 * sum(map(len, texts)) < reach * self.prompter.longest_piece:  # <= 4 B a char
+            return 0
+        if request.prompt is not None:
+            return self.prompter.least_tokens([(request.prompt, True)])
+        plan = self.tool_plan(request)
+        messages = plan.messages if plan else request.messages
+        return self.prompter.least_tokens(
+            _tools.render_parts(self.template, plan, messages, generation=True)
+        )
+
     def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
         """Where prefill batches end besides every ``chunk_tokens`` (see ``batch_cuts``):
         where each turn but the assistant's opens; the end of each assistant opening

@@ -251,6 +251,11 @@ class FakeEngine(Residents):
             while len(self._scripts) > _SCRIPTS_KEPT:
                 self._scripts.popitem(last=False)
 
+    def least_tokens(self, request: Request, reach: int) -> int:
+        """Each word of a text is a token of its own (``tokenize``)."""
+        texts = [request.prompt or "", *(m.content for m in request.messages)]
+        return sum(len(text.split()) for text in texts)
+
     def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
         return _tools.plan(request, "generic")  # the fake template knows no tools
 

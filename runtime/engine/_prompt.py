@@ -29,6 +29,7 @@ Part = tuple[str, bool]  # (text, trusted)
 # The tokens llama.cpp matches in text only when asked to parse special tokens;
 # user-defined ones it matches either way, so the plain tokenizer handles them.
 _CONTROL = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
+_SPELLED = frozenset({ll.LLAMA_VOCAB_TYPE_SPM, ll.LLAMA_VOCAB_TYPE_BPE, ll.LLAMA_VOCAB_TYPE_RWKV})
 
 
 class Vocabulary(Protocol):
@@ -68,14 +69,22 @@ class PromptTokenizer:
     def __init__(self, model: Vocabulary) -> None:
         self._model = model
         self._specials: dict[str, tuple[int, int]] = {}
+        # the most bytes of text one token stands for: its vocabulary text is at least
+        # as long as its piece (a BPE byte is one or two characters there, a space in
+        # SentencePiece three bytes, a byte token "<0x0A>" six)
+        self.longest_piece = 1
         for token in range(model.n_vocab):
             attr = int(ll.llama_vocab_get_attr(model.vocab, token))
             text = model.token_text(token)
+            self.longest_piece = max(self.longest_piece, len(text.encode()))
             if attr & _CONTROL and text and text not in self._specials:
                 self._specials[text] = (token, attr)
         self._control_ids = frozenset(token for token, _ in self._specials.values())
         pattern = trie_pattern(self._specials)
         self._split = re.compile(pattern) if pattern else None
+        # vocabularies whose pieces spell the text they were cut from, whole and in
+        # order (WordPiece and Unigram drop or fold characters: no bound there)
+        self._spelled = int(ll.llama_vocab_type(model.vocab)) in _SPELLED
         self._bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self._add_eos = bool(ll.llama_vocab_get_add_eos(model.vocab))
 
@@ -89,6 +98,21 @@ class PromptTokenizer:
         """The control tokens that ``text``, read as trusted markup, holds."""
         matches = self._split.finditer(text) if self._split else ()
         return [self._specials[m.group()][0] for m in matches]
+
+    def least_tokens(self, parts: Sequence[Part]) -> int:
+        """A lower bound on ``len(ids(parts))``, proven without tokenizing (0 where none
+        is): every token stands for at most ``longest_piece`` bytes of the text it was
+        cut from, and nothing drops text but the whitespace next to a control token,
+        so each plain part's stripped bytes need that many tokens at least. Parts
+        holding control-token text are left out (one token stands for that text)."""
+        if not self._spelled:
+            return 0
+        plain = sum(
+            len(text.strip().encode())
+            for text, trusted in parts
+            if not (trusted and self.has_control_text(text))
+        )
+        return -(-plain // self.longest_piece)
 
     def chat_ids(self, parts: Sequence[Part], messages: Sequence[Message]) -> list[int]:
         """Ids of a rendered chat. When the template could not be split into markup

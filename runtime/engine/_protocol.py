@@ -104,6 +104,8 @@ class Engine(Protocol):
         plan: ToolPlan | Literal["plan it"] | None = "plan it",
     ) -> tuple[list[int], tuple[int, ...]]: ...  # plan: the tool plan admission made
 
+    def least_tokens(self, request: Request, reach: int) -> int: ...  # proven, untokenized
+
     def tool_plan(self, request: Request) -> ToolPlan | None: ...
 
     def check_sampling(self, sampling: Sampling) -> None: ...  # RequestError before work

@@ -9,7 +9,9 @@ The overflow rule, once: a prompt is refused (``ContextOverflow``) only when it
 leaves no room for one reply token (``len(ids) >= n_ctx``); a reply that would run
 past the context stops there (finish_reason ``length``). With ``overflow="trim"`` a
 conversation whose prompt and max_tokens do not fit together first loses its
-earliest turns (the system prompt and the latest turns that fit stay).
+earliest turns (the system prompt and the latest turns that fit stay). A prompt
+that a proven lower bound on its token count already puts over the context is
+refused before it is tokenized (``_refuse_unfit``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class Prompter(Protocol):
         plan: ToolPlan | Literal["plan it"] | None = "plan it",
     ) -> tuple[list[int], tuple[int, ...]]: ...
 
+    def least_tokens(self, request: Request, reach: int) -> int: ...
+
     def check_sampling(self, sampling: Sampling) -> None: ...
 
 
@@ -154,6 +158,7 @@ def admit(
     session_id = request.session_id or (
         derived_session_id(request.messages) if request.messages else None
     )
+    _refuse_unfit(request, prompter, n_ctx, overflow)
     ids, anchors = prompter.prompt_ids(request, plan=plan)
     # a raw completion prompt is the client's own markup: its reply is not read back
     tools = plan if request.messages else None
@@ -162,6 +167,33 @@ def admit(
         admitted = _trim(admitted, prompter, n_ctx)
     check_fits(len(admitted.ids), request.sampling.max_tokens, n_ctx)
     return admitted
+
+
+def _refuse_unfit(request: Request, prompter: Prompter, n_ctx: int, overflow: str) -> None:
+    """The overflow rule before any tokenizing, by a proven lower bound on the token
+    count: a megabyte of text is refused in milliseconds instead of seconds of a core
+    spent tokenizing it. With ``overflow="trim"`` the bound is the least that trimming
+    keeps (the system prompt and the last turn, as ``_trim`` falls back to)."""
+    kept = _least_kept(request) if overflow == "trim" else request
+    least = prompter.least_tokens(kept, n_ctx)
+    if least >= n_ctx:
+        raise ContextOverflow(least, request.sampling.max_tokens, n_ctx, at_least=True)
+
+
+def _least_kept(request: Request) -> Request:
+    """The conversation as far as trimming may cut it: the system prompt, the last turn."""
+    head, starts = _cut_points(request.messages)
+    if not starts:
+        return request
+    messages = request.messages
+    return replace(request, messages=messages[:head] + messages[starts[-1] :])
+
+
+def _cut_points(messages: tuple[Message, ...]) -> tuple[int, list[int]]:
+    """How many leading messages trimming keeps (a system prompt), and where each turn
+    that the kept part may start with begins (every user message but the first)."""
+    head = 1 if messages and messages[0].role == "system" else 0
+    return head, [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
 
 
 def _with_tool_grammar(request: Request, plan: ToolPlan | None) -> Request:
@@ -183,8 +215,7 @@ def _trim(admitted: Admitted, prompter: Prompter, n_ctx: int) -> Admitted:
     messages = request.messages
     if not messages or len(admitted.ids) <= limit:
         return admitted
-    head = 1 if messages[0].role == "system" else 0
-    starts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
+    head, starts = _cut_points(messages)
 
     def kept(start: int) -> Admitted:
         shorter = replace(request, messages=messages[:head] + messages[start:])

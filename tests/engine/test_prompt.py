@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from warmstart.runtime.engine._llama import LlamaModel
 from warmstart.runtime.engine._prompt import PromptTokenizer, trie_pattern
 from warmstart.runtime.engine._template import ChatTemplate
@@ -125,3 +127,34 @@ def test_the_runtime_keeps_user_text_plain(make_runtime: Any) -> None:
     assert _controls(model, ids) == _controls(model, honest)
     raw = Request(prompt=INJECTION)
     assert len(_controls(model, rt.engine.prompt_ids(raw)[0])) == 3
+
+
+TEXTS = st.lists(
+    st.sampled_from(["word", " ", "  ", "\n", "\t", "é", "🎉", "=", "-", "ab", "<|im_end|>", "0"]),
+    max_size=40,
+).map("".join)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def vocab(request: pytest.FixtureRequest) -> Iterator[PromptTokenizer]:
+    """A BPE vocabulary (SmolLM2) and a SentencePiece one (Gemma 3)."""
+    path = request.getfixturevalue("model_path" if request.param == "smollm2" else "gemma_path")
+    loaded = LlamaModel(path, 0)
+    yield PromptTokenizer(loaded)
+    loaded.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.tuples(TEXTS, st.booleans()), max_size=5))
+def test_the_untokenized_bound_never_exceeds_the_token_count(
+    vocab: PromptTokenizer, texts: list[tuple[str, bool]]
+) -> None:
+    """Admission refuses a prompt by this bound without tokenizing it: it must never
+    be above the ids the same parts tokenize to, plain or trusted, with control-token
+    text, whitespace that a control token strips, or many bytes a character."""
+    assert vocab.least_tokens(texts) <= len(vocab.ids(texts))
+
+
+def test_a_megabyte_is_bounded_over_a_context(vocab: PromptTokenizer) -> None:
+    """200,000 tokens of text: the bound alone refuses it in the test server's 2,048."""
+    assert vocab.least_tokens([("word " * 200_000, False)]) >= 2048
