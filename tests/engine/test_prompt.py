@@ -158,3 +158,27 @@ def test_the_untokenized_bound_never_exceeds_the_token_count(
 def test_a_megabyte_is_bounded_over_a_context(vocab: PromptTokenizer) -> None:
     """200,000 tokens of text: the bound alone refuses it in the test server's 2,048."""
     assert vocab.least_tokens([("word " * 200_000, False)]) >= 2048
+
+
+def test_a_text_run_seen_before_is_not_tokenized_again(model: LlamaModel) -> None:
+    """The same system prompt comes with every request: its ids are kept (2 ms for
+    1,900 tokens, on the request path and again for the next turn's prompt)."""
+    tokenizer = PromptTokenizer(model)
+    seen: list[str] = []
+    tokenize = model.tokenize
+
+    def counting(text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        seen.append(text)
+        return tokenize(text, add_special, parse_special)
+
+    system = "Rule 1. Answer briefly. " * 50
+    tokenizer.ids([(system, False), ("<|im_end|>", True), ("hi", False)])
+    model.tokenize = counting  # type: ignore[method-assign]
+    try:
+        again = tokenizer.ids([(system, False), ("<|im_end|>", True), ("hello", False)])
+    finally:
+        del model.tokenize
+    assert seen == ["hello"]
+    assert again == tokenize(system, False, False) + tokenize("<|im_end|>", False) + tokenize(
+        "hello", False, False
+    )
