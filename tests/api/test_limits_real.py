@@ -2,10 +2,10 @@
 
 The fake-runtime versions are in test_limits.py. On the real model a megabyte of
 prompt is over any context, so the megabyte request is refused by a bound on its
-token count, untokenized (context_length_exceeded); the request a client abandons after 3 s is a long one
-instead: a prompt of about half the context, streamed or whole, with room for a
-thousand more tokens. In every case the server must be free again within 2 s of
-the abandonment.
+token count, untokenized (context_length_exceeded); the request a client abandons
+after 3 s is a long one instead: a prompt of about half the context, streamed or
+whole, with room for a thousand more tokens. In every case the server must be free
+again within 2 s of the abandonment.
 
 A client that stops reading is cancelled within 5 s: the server watches its kernel
 send queue, which stops draining (waiting for ~100 KB of socket and transport
