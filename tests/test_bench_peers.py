@@ -13,6 +13,7 @@ from warmstart.runtime.bench import _bench_peers as bench_peers
 from warmstart.runtime.bench import _peers as _peers
 from warmstart.runtime.bench import _servers
 from warmstart.runtime.bench._peers import Reply, TracePlan, TraceResult
+from warmstart.runtime.bench._systems import Setup
 
 
 def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> None:
@@ -137,8 +138,42 @@ def test_turn_2_goes_out_right_after_the_step_before_it() -> None:
         [label for label, _ in b]
         for b in _peers.blocks(_peers.first_process_steps(_peers.Prompts("", "", 0)))
     ]
-    assert ["A after B", "A turn 2"] in labels
-    assert all(len(b) == 1 for b in labels if b != ["A after B", "A turn 2"])
+    pairs = [["A after B", "A turn 2"], ["A again 2", "A turn 2 #2"], ["A again 3", "A turn 2 #3"]]
+    assert all(pair in labels for pair in pairs)
+    assert all(len(b) == 1 for b in labels if b not in pairs)
+
+
+def test_each_turn_2_follows_the_first_reply_with_a_follow_up_of_its_own() -> None:
+    prompts = _peers.Prompts("system", "other", 16)
+    steps = dict(_peers.first_process_steps(prompts))
+    replies = {"A cold": _reply(1.0)}
+    turns = [steps[label](replies) for label in _peers.TURN_2]
+    assert all(t[:-1] == turns[0][:-1] for t in turns)  # the same history
+    assert len({t[-1]["content"] for t in turns}) == len(turns)  # each asks anew
+
+
+def test_the_trace_runs_interleaved_and_pools_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run one after the other, this machine's drift went into the trace's ratio."""
+    order: list[str] = []
+
+    def run_trace(server: _servers.Server, home: Path, plan: TracePlan) -> TraceResult:
+        order.append(server.name)
+        return TraceResult([0.1] * plan.requests, [20.0], 16, 10.0)
+
+    def server(setup: object, name: str) -> _servers.Server:
+        return _servers.Server(name, lambda port, home: [])
+
+    monkeypatch.setattr(bench_peers, "run_trace", run_trace)
+    monkeypatch.setattr(bench_peers, "trace_server", server)
+    plan, names = TracePlan.make(True), ["llama-server", "warmstart"]
+    setup = Setup(tmp_path, 2, [], None, None)
+    pooled = bench_peers.run_traces(setup, names, plan, 3, str(tmp_path))
+    assert order == [*names, *names[::-1], *names]
+    assert len(pooled["warmstart"].ttfts) == 3 * plan.requests
+    assert pooled["warmstart"].wall_s == 30.0
+    assert "run 3 times on each system, interleaved" in _peers.trace_table(pooled, plan)
 
 
 def test_the_scenario_runs_on_every_system_side_by_side(

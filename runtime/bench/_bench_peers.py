@@ -87,8 +87,28 @@ def run_trace(server: Server, home: Path, plan: _peers.TracePlan) -> _peers.Trac
         server.prepare(home, env)
     with running(server, home, "trace", env) as url:
         result = _peers.run_trace(url, plan)
-    log.info("%-13s trace: %d requests in %.1f s", server.name, len(result.ttfts), result.wall_s)
+    worst = ", ".join(f"{t:.2f}" for t in sorted(result.ttfts)[-3:])
+    log.info(
+        "%-13s trace: %d requests in %.1f s, the longest TTFTs %s s",
+        *(server.name, len(result.ttfts), result.wall_s, worst),
+    )
     return result
+
+
+def run_traces(
+    setup: Setup, names: list[str], plan: _peers.TracePlan, rounds: int, tmp: str
+) -> dict[str, _peers.TraceResult]:
+    """Each system's trace ``rounds`` times, in rounds that alternate who goes first
+    (A B, B A, ...), each run on a fresh home, pooled: the trace takes about half a
+    minute a system, and this machine's speed drifts by 20% within minutes, so one
+    run of each, one after the other, put the drift into their ratio (the P99 read
+    0.92 in one run and 1.20 in the next)."""
+    pooled = {name: _peers.TraceResult() for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            home = _home(tmp, f"{name}-trace-{r}")
+            pooled[name].add(run_trace(trace_server(setup, name), home, plan))
+    return pooled
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,6 +148,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     only = p.add_mutually_exclusive_group()
     only.add_argument("--no-trace", action="store_true", help="the session scenario only")
     only.add_argument("--trace-only", action="store_true", help="the trace only")
+    p.add_argument(
+        "--trace-rounds",
+        type=int,
+        default=2,
+        help="runs of the trace on each system, interleaved and pooled (default %(default)s)",
+    )
     p.add_argument("--cache", type=Path, default=CACHE, help="where the builds are kept")
     args = p.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -196,9 +222,7 @@ def measure(args: argparse.Namespace) -> str:
         traced = (
             [] if args.no_trace else [s for s in ("llama-server", "warmstart") if s in args.systems]
         )
-        trace = {
-            s: run_trace(trace_server(setup, s), _home(tmp, s + "-trace"), plan) for s in traced
-        }
+        trace = run_traces(setup, traced, plan, max(args.trace_rounds, 1), tmp)
     return render(scen, trace, args.systems, setup, plan)
 
 

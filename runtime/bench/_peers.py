@@ -68,6 +68,9 @@ QUESTIONS = [
     "Which rule is the strictest?",
 ]
 FOLLOW_UP = "Say that again in one sentence."
+# turn 2 is sent three times, each right after the same first reply, with another
+# follow-up (a cached one would be another case): the row is their median
+FOLLOW_UPS = (FOLLOW_UP, "Which rule did you use?", "Now in five words.")
 # asked on A's system prompt after the restart, none of them asked before it
 LATER_QUESTIONS = [
     "Who signs the overtime form?",
@@ -191,7 +194,16 @@ def first_process_steps(p: Prompts) -> list[Step]:
         ("A repeat", lambda r: conversation(p.a, q1)),
         ("B cold", lambda r: conversation(p.b, "Summarise the handbook.")),
         ("A after B", lambda r: conversation(p.a, q1)),
-        ("A turn 2", lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)])),
+        ("A turn 2", _following(p.a, q1, FOLLOW_UPS[0])),
+        # turn 2 again, each time right after the same first reply (a live repeat)
+        *(
+            step
+            for i, follow_up in enumerate(FOLLOW_UPS[1:], 2)
+            for step in (
+                (f"A again {i}", lambda r: conversation(p.a, q1)),
+                (f"A turn 2 #{i}", _following(p.a, q1, follow_up)),
+            )
+        ),
         # five other questions, each a run of its own (a different system goes first
         # each time): the row is their median, not one draw of a case at parity
         *((label, _asking(p.a, q)) for label, q in zip(OTHER_Q, QUESTIONS[1:], strict=True)),
@@ -199,6 +211,16 @@ def first_process_steps(p: Prompts) -> list[Step]:
 
 
 OTHER_Q = ("A other q", *(f"A other q {i}" for i in range(2, len(QUESTIONS))))
+TURN_2 = ("A turn 2", *(f"A turn 2 #{i}" for i in range(2, len(FOLLOW_UPS) + 1)))
+
+
+def _following(
+    system: str, question: str, follow_up: str
+) -> Callable[[dict[str, Reply]], Messages]:
+    """Turn 2: the first reply to ``question`` (A cold's) and a follow-up."""
+    return lambda r: conversation(system, follow_up, [(question, r["A cold"].text)])
+
+
 LATER_Q = tuple(f"{label} after restart" for label in OTHER_Q[: len(LATER_QUESTIONS)])
 
 
@@ -210,10 +232,7 @@ def restart_steps(p: Prompts) -> list[Step]:
     q1 = QUESTIONS[0]
     return [
         ("A after restart", lambda r: conversation(p.a, q1)),
-        (
-            "A turn 2 after restart",
-            lambda r: conversation(p.a, FOLLOW_UP, [(q1, r["A cold"].text)]),
-        ),
+        ("A turn 2 after restart", _following(p.a, q1, FOLLOW_UP)),
         # a third reply after the restart, and new questions on A's system prompt: the
         # after-restart decode row is a median of six replies, not of three
         ("B after restart", lambda r: conversation(p.b, "Summarise the handbook.")),
@@ -222,7 +241,7 @@ def restart_steps(p: Prompts) -> list[Step]:
 
 
 # steps sent the moment the one before them ends, on the same server
-AT_ONCE = frozenset({"A turn 2"})
+AT_ONCE = frozenset(TURN_2)
 
 
 def blocks(steps: list[Step]) -> list[list[Step]]:
@@ -280,6 +299,14 @@ class TraceResult:
     completion_tokens: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+
+    def add(self, other: TraceResult) -> None:
+        """Pools another run of the same trace into this one."""
+        self.ttfts += other.ttfts
+        self.decode_tps += other.decode_tps
+        self.completion_tokens += other.completion_tokens
+        self.wall_s += other.wall_s
+        self.errors += other.errors
 
 
 def _client(
@@ -345,7 +372,10 @@ SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
     ("cold", "A cold"),
     ("live repeat of the same request", "A repeat"),
     ("the same chat after another chat", "A after B"),
-    ("turn 2 (whole history + follow-up) sent right after the reply", "A turn 2"),
+    (
+        f"turn 2 (whole history + follow-up) sent right after the reply (median of {len(TURN_2)})",
+        TURN_2,
+    ),
     (f"same system prompt, another question (median of {len(OTHER_Q)})", OTHER_Q),
     ("after a restart: the same request", "A after restart"),
     ("after a restart: turn 2", "A turn 2 after restart"),
@@ -413,11 +443,17 @@ def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
         ("P99 TTFT", lambda r: percentile(r.ttfts, 99), "s"),
         ("decode, tok/s (median request)", lambda r: percentile(r.decode_tps, 50), "tok/s"),
         ("tokens/s over the trace", lambda r: r.completion_tokens / r.wall_s, "tok/s"),
-        ("wall time", lambda r: r.wall_s, "s"),
+        ("wall time (all runs)", lambda r: r.wall_s, "s"),
     ]
     rows = [[name, *(_cell(fn(r), unit) for r in results.values())] for name, fn, unit in stats]
+    rounds = max((len(r.ttfts) // plan.requests for r in results.values()), default=1)
     title = (
         f"{plan.clients} clients x {plan.chats} chats x {plan.turns} turns "
         f"({plan.requests} requests, {plan.max_tokens}-token replies)"
     )
+    if rounds > 1:
+        title += (
+            f", run {rounds} times on each system, interleaved (one then the other, then "
+            "the other way round); the figures pool every run"
+        )
     return title + "\n\n" + _markdown(header, rows)
