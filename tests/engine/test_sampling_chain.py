@@ -98,3 +98,26 @@ def test_a_broken_grammar_is_refused_before_the_reply(make_runtime) -> None:  # 
     rt = make_runtime()
     with pytest.raises(RequestError):
         rt.generate(_with(chat(QUESTION), grammar="root ::= ("))
+
+
+def test_greedy_alone_reads_the_largest_logit_as_the_chain_would(make_runtime) -> None:  # type: ignore[no-untyped-def]
+    """A plain greedy reply skips llama.cpp's copy of every candidate (argmax in place):
+    each token must be the one the chain itself draws from the same logits."""
+    from warmstart.runtime.engine._sampling import Sampler
+    from warmstart.runtime.types import Sampling
+
+    rt = make_runtime()
+    engine = rt.engine
+    fast, chain = Sampler(Sampling(), engine.model), Sampler(Sampling(), engine.model)
+    chain._argmax = False  # the chain's own draw
+    assert fast._argmax and not Sampler(Sampling(repeat_penalty=1.1), engine.model)._argmax
+    ids = engine.model.tokenize("Once upon a time, in a land of rivers,", add_special=True)
+    seq = engine.residents[0].seq
+    engine.ctx.decode(ids, seq, 0)
+    for step in range(48):
+        token = fast.sample(engine.ctx)
+        assert token == chain.sample(engine.ctx)
+        engine.ctx.decode([token], seq, len(ids) + step)
+    engine.ctx.seq_rm(seq)
+    fast.close()
+    chain.close()
