@@ -40,6 +40,11 @@ _WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
 STALL_S = 0.25
 # and a prompt waits at most this long for its next batch while shorter ones go first
 STARVE_S = 5.0
+# while a request runs, the view is made anew at most this often (and whenever a
+# client got its answer, a job ended, and before the worker is idle): copying the
+# residents' tokens after every step took 60 us of a 13 ms decode step, on the thread
+# the next step waits for
+PUBLISH_S = 0.05
 
 
 def _rank(job: Job, now: float, stepped: dict[int, float]) -> tuple[int, float]:
@@ -76,6 +81,8 @@ class Worker:
         self._slots = resident_sequences
         self._views = ViewBook()
         self.counters = self._views.counters  # the worker's: only it counts here
+        # a client got its answer or a job ended since the last view
+        self._published, self._changed = 0.0, False
         self.publish()  # before the thread starts: nothing else reads the engine yet
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
@@ -142,6 +149,7 @@ class Worker:
     def publish(self) -> None:
         """On the worker thread (or before it starts): the view readers take."""
         self._views.publish(self.engine.residents, self.engine.evictions)
+        self._published, self._changed = time.monotonic(), False
 
     # the thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -170,7 +178,10 @@ class Worker:
                     fut.set_exception(exc)
             if active:
                 self._step(active)
-            self.publish()  # before idle is said: wait_idle() then stats() sees it all
+            # before idle is said: wait_idle() then stats() sees it all
+            due = time.monotonic() - self._published >= PUBLISH_S
+            if self._changed or calls or not active or due:
+                self.publish()
             with self._cv:
                 if not active and not self.waiting:
                     self._idle.set()
@@ -238,8 +249,10 @@ class Worker:
         background = job.background and self._mark_background(True)
         with self._cv:
             self._stepping = job
+        answered = job.background
         try:
             next(steps)
+            self._changed |= job.background != answered
         except StopIteration:
             self._account(job)
             return
@@ -247,6 +260,7 @@ class Worker:
             log.exception("request failed")
             self._stepped.pop(id(job), None)
             self._views.event("failed", job.report.session_id)
+            self._changed = True
             job.stream.fail(exc)
             return
         finally:
@@ -274,6 +288,7 @@ class Worker:
 
     def _account(self, job: Job) -> None:
         self._stepped.pop(id(job), None)
+        self._changed = True
         r = job.report
         self.counters["prompt_tokens"] += r.prompt_tokens
         self.counters["completion_tokens"] += r.completion_tokens
