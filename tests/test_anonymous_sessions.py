@@ -65,3 +65,30 @@ def test_the_runtime_keeps_the_same_rule(tmp_path: Path) -> None:
         assert len(everything) == 2 and sum(s.anonymous for s in everything) == 1
     finally:
         rt.close()
+
+
+def test_a_listing_sees_an_import_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The app hands its old conversations over in one import: a listing meanwhile (the
+    app's own, refreshing) showed half of them, one chat without the other."""
+    import threading
+
+    from warmstart.runtime.types import SessionInfo
+
+    book = SessionBook(tmp_path / "sessions.db")
+    rows = [SessionInfo(f"old-{i}", f"Chat {i}", 1.0, 2.0, 0, {}, HI) for i in range(300)]
+    seen: list[int] = []
+    done = threading.Event()
+
+    def listing() -> None:
+        while not done.is_set():
+            seen.append(sum(r.id.startswith("old-") for r in book.list()))
+
+    reader = threading.Thread(target=listing)
+    reader.start()
+    try:
+        assert book.import_(rows) == (True,) * len(rows)
+    finally:
+        done.set()
+        reader.join()
+        book.close()
+    assert set(seen) <= {0, len(rows)}

@@ -119,8 +119,8 @@ def test_rename_and_import_sessions(runtime: Runtime) -> None:
 
     messages = (Message("user", "Old question"), Message("assistant", "Old answer"))
     old = SessionInfo("old", "Old chat", 1_700_000_000.0, 1_700_000_100.0, 0, {}, messages)
-    assert runtime.import_session(old) is True
-    assert runtime.import_session(old) is False  # repeatable: the first one stays
+    assert runtime.import_sessions([old]) == [True]
+    assert runtime.import_sessions([old]) == [False]  # repeatable: the first one stays
     got = runtime.session("old")
     assert got is not None and got.title == "Old chat" and got.messages == messages
     assert got.location == "none"

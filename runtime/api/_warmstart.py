@@ -124,11 +124,10 @@ def _add_session_changes(router: APIRouter) -> None:
         """Adds conversations a client kept itself (the app's database before the server
         kept them all), ids and messages as given, without KV. An id already known is
         left unchanged, so an import that was cut short can simply be sent again."""
-        added: list[str] = []
-        existing: list[str] = []
         with state(request).using() as runtime:
-            for kept in body.sessions:
-                (added if runtime.import_session(kept.to_info()) else existing).append(kept.id)
+            fresh = runtime.import_sessions([kept.to_info() for kept in body.sessions])
+        added = [kept.id for kept, new in zip(body.sessions, fresh, strict=True) if new]
+        existing = [kept.id for kept, new in zip(body.sessions, fresh, strict=True) if not new]
         return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
 
     @router.post("/sessions/{session_id:path}/prewarm", responses=ERRORS)

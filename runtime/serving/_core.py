@@ -316,7 +316,7 @@ class LocalRuntime:
     def rename_session(self, session_id: str, title: str) -> bool:
         return self.book.rename(session_id, title)
 
-    def import_session(self, info: SessionInfo) -> bool:
+    def import_sessions(self, infos: Sequence[SessionInfo]) -> list[bool]:
         if not self.book.keep_text:
             # Accepting would keep the ids and drop the text the client then forgets.
             raise RequestError(
@@ -324,8 +324,9 @@ class LocalRuntime:
                 "take conversations over",
                 "history",
             )
-        check_session_id(info.id, "id")
-        return self.book.import_(info)
+        for info in infos:
+            check_session_id(info.id, "id")
+        return list(self.book.import_(infos))
 
     def keep_response(self, response: StoredResponse) -> bool:
         return self.book.keep_response(response)

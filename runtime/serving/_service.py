@@ -36,9 +36,10 @@ class Runtime(Protocol):
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
     - ``rename_session(id, title)`` gives a conversation the user's title (later turns
-      keep it); False when unknown. ``import_session(info)`` adds a conversation kept
-      elsewhere (its id, title, times and messages; no KV); an id already known is left
-      unchanged and gives False, so an import can be repeated.
+      keep it); False when unknown. ``import_sessions(infos)`` adds conversations kept
+      elsewhere (their ids, titles, times and messages; no KV), all at once or none;
+      an id already known is left unchanged and gives False, so an import can be
+      repeated.
     - ``keep_response(r)`` keeps a Responses API reply under its id (replacing one of
       the same id); False, nothing kept, where no conversation text is kept (history
       off). ``response(id)`` reads one back (None when unknown);
@@ -96,7 +97,7 @@ class Runtime(Protocol):
 
     def rename_session(self, session_id: str, title: str) -> bool: ...
 
-    def import_session(self, info: SessionInfo) -> bool: ...
+    def import_sessions(self, infos: Sequence[SessionInfo]) -> list[bool]: ...
 
     def keep_response(self, response: StoredResponse) -> bool: ...
 

@@ -15,6 +15,7 @@ import threading
 import time
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,20 +281,31 @@ class SessionBook:
             )
         return cur.rowcount > 0
 
-    def import_(self, row: SessionInfo) -> bool:
-        """Adds a conversation kept elsewhere (the app's old database), without KV;
-        an id already known is left as it is, so importing twice changes nothing.
-        True when it was added."""
-        messages = row.messages if self.keep_text else ()
-        title = (row.title or title_of(messages)) if self.keep_text else ""
-        payload = json.dumps([_as_json(m) for m in messages])
+    def import_(self, rows: Sequence[SessionInfo]) -> tuple[bool, ...]:
+        """Adds conversations kept elsewhere (the app's old database), without KV, in
+        one transaction: a listing meanwhile sees all of them or none (the app showed
+        half a hand-over). An id already known is left as it is, so importing twice
+        changes nothing. For each row, True when it was added."""
+        added = []
         with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
-                " messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?) ON CONFLICT(id) DO NOTHING",
-                (row.id, title, row.created, row.updated, payload),
-            )
-        return cur.rowcount > 0
+            self._db.execute("BEGIN")
+            try:
+                for row in rows:
+                    messages = row.messages if self.keep_text else ()
+                    title = (row.title or title_of(messages)) if self.keep_text else ""
+                    payload = json.dumps([_as_json(m) for m in messages])
+                    cur = self._db.execute(
+                        "INSERT INTO sessions (id, title, created, updated, n_tokens,"
+                        " fingerprint, leaf, messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?)"
+                        " ON CONFLICT(id) DO NOTHING",
+                        (row.id, title, row.created, row.updated, payload),
+                    )
+                    added.append(cur.rowcount > 0)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return tuple(added)
 
     def delete(self, session_id: str) -> bool:
         """Deletes a session and the responses kept in it; their text leaves the
