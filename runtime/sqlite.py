@@ -11,9 +11,10 @@ refused (MigrationError), since running older code on it could damage it.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .errors import CacheError
@@ -113,6 +114,20 @@ def applied(conn: sqlite3.Connection, table: str = "schema_migrations") -> list[
     """The names of the migrations a database has had, in order of name."""
     conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (name TEXT PRIMARY KEY, applied REAL)")
     return [row[0] for row in conn.execute(f"SELECT name FROM {table} ORDER BY name")]
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """What the block writes on ``conn`` (opened in autocommit) is committed together,
+    or rolled back together when it raises: a reader meanwhile sees all of it or none."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def migrate(

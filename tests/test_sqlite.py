@@ -81,3 +81,16 @@ def test_the_app_runs_the_same_runner_into_its_own_table(tmp_path: Path) -> None
     conn = _conn(tmp_path / "app.db")
     names = app_migrate(conn)
     assert names and sqlite.applied(conn, "migrations") == sorted(names)
+
+
+def test_a_transaction_keeps_all_of_its_writes_or_none(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    conn.execute("CREATE TABLE t (x INTEGER)")
+    with pytest.raises(RuntimeError), sqlite.transaction(conn):
+        conn.execute("INSERT INTO t VALUES (1)")
+        raise RuntimeError("half way")
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (0,) and not conn.in_transaction
+    with sqlite.transaction(conn):
+        conn.executemany("INSERT INTO t VALUES (?)", [(1,), (2,)])
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    conn.close()

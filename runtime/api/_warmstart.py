@@ -124,10 +124,12 @@ def _add_session_changes(router: APIRouter) -> None:
         """Adds conversations a client kept itself (the app's database before the server
         kept them all), ids and messages as given, without KV. An id already known is
         left unchanged, so an import that was cut short can simply be sent again."""
+        added: list[str] = []
+        existing: list[str] = []
         with state(request).using() as runtime:
             fresh = runtime.import_sessions([kept.to_info() for kept in body.sessions])
-        added = [kept.id for kept, new in zip(body.sessions, fresh, strict=True) if new]
-        existing = [kept.id for kept, new in zip(body.sessions, fresh, strict=True) if not new]
+        for kept, new in zip(body.sessions, fresh, strict=True):
+            (added if new else existing).append(kept.id)
         return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
 
     @router.post("/sessions/{session_id:path}/prewarm", responses=ERRORS)

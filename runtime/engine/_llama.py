@@ -346,10 +346,16 @@ class LlamaContext:
 
     def logits(self) -> np.ndarray:
         """A copy of the logits of the last token decoded with want_logits."""
-        ptr = ll.llama_get_logits_ith(self.ptr, -1)
-        if not ptr:
+        view = self.logits_view()
+        if view is None:
             raise EngineError("no logits available")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return view.copy()
+
+    def logits_view(self) -> np.ndarray | None:
+        """Those logits in llama.cpp's own buffer (None: there are none), valid until
+        the next decode."""
+        ptr = ll.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)) if ptr else None
 
     # state copies -----------------------------------------------------------
     def state_size(self, seq: int) -> int:

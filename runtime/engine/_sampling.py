@@ -55,7 +55,6 @@ class Sampler:
 
     def __init__(self, sampling: Sampling, model: LlamaModel) -> None:
         self._chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        self._samplers = 0
         self._argmax = False  # the chain is greedy alone (see below)
         if sampling.grammar is not None:
             self._add_grammar(model, sampling.grammar)
@@ -80,7 +79,7 @@ class Sampler:
             # greedy alone picks the first of the largest logits: numpy's argmax does
             # the same in a tenth of the time (llama.cpp copies all 49,152 candidates
             # first: 90 us of a 13 ms decode step, on the thread the next step waits for)
-            self._argmax = self._samplers == 1
+            self._argmax = ll.llama_sampler_chain_n(self._chain) == 1
             return
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
         if sampling.top_k > 0:
@@ -94,7 +93,6 @@ class Sampler:
 
     def _add(self, sampler: ll.llama_sampler_p) -> None:
         ll.llama_sampler_chain_add(self._chain, sampler)
-        self._samplers += 1
 
     def _add_grammar(self, model: LlamaModel, grammar: str) -> None:
         try:
@@ -151,10 +149,9 @@ class Sampler:
 def _first_largest(ctx: LlamaContext) -> int | None:
     """The greedy sampler's choice from the last decoded logits, read in place; None
     when a logit is NaN (numpy and llama.cpp then disagree: the chain decides)."""
-    ptr = ll.llama_get_logits_ith(ctx.ptr, -1)
-    if not ptr:
+    logits = ctx.logits_view()
+    if logits is None:
         return None
-    logits = np.ctypeslib.as_array(ptr, shape=(ctx.n_vocab,))
     token = int(np.argmax(logits))
     return None if math.isnan(logits[token]) else token
 

@@ -287,24 +287,18 @@ class SessionBook:
         half a hand-over). An id already known is left as it is, so importing twice
         changes nothing. For each row, True when it was added."""
         added = []
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                for row in rows:
-                    messages = row.messages if self.keep_text else ()
-                    title = (row.title or title_of(messages)) if self.keep_text else ""
-                    payload = json.dumps([_as_json(m) for m in messages])
-                    cur = self._db.execute(
-                        "INSERT INTO sessions (id, title, created, updated, n_tokens,"
-                        " fingerprint, leaf, messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?)"
-                        " ON CONFLICT(id) DO NOTHING",
-                        (row.id, title, row.created, row.updated, payload),
-                    )
-                    added.append(cur.rowcount > 0)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, sqlite.transaction(self._db):
+            for row in rows:
+                messages = row.messages if self.keep_text else ()
+                title = (row.title or title_of(messages)) if self.keep_text else ""
+                payload = json.dumps([_as_json(m) for m in messages])
+                cur = self._db.execute(
+                    "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint,"
+                    " leaf, messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?)"
+                    " ON CONFLICT(id) DO NOTHING",
+                    (row.id, title, row.created, row.updated, payload),
+                )
+                added.append(cur.rowcount > 0)
         return tuple(added)
 
     def delete(self, session_id: str) -> bool:
