@@ -32,6 +32,22 @@ def test_percentiles_are_nearest_rank() -> None:
     assert math.isnan(_peers.percentile([], 50))
 
 
+def test_decode_is_timed_over_the_tokens_whose_text_came() -> None:
+    """llama-server counts the end-of-turn token, which shows no text and is decoded
+    after the last piece: the same stream times the same whatever the server counts."""
+    started = 0.0
+    pieces = ["w"] * 25  # 25 pieces, 1.0 s from the first to the last
+    counted = _peers._reply(started, 0.5, 1.5, {"completion_tokens": 26}, pieces)
+    uncounted = _peers._reply(started, 0.5, 1.5, {"completion_tokens": 25}, pieces)
+    assert counted.decode_tps == uncounted.decode_tps == 24.0
+    assert counted.completion_tokens == 26 and counted.text == "w" * 25
+    # a piece that holds two tokens: timed as one (never more tokens than were sent)
+    assert (
+        _peers._reply(started, 0.5, 1.5, {"completion_tokens": 25}, pieces[:21]).decode_tps == 20.0
+    )
+    assert math.isnan(_peers._reply(started, 0.5, 0.5, {"completion_tokens": 1}, ["w"]).decode_tps)
+
+
 def _reply(ttft: float, tps: float = 30.0, n: int = 16) -> Reply:
     return Reply(ttft, tps, n, 100, 0, "x")
 
