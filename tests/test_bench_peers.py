@@ -83,6 +83,11 @@ def test_the_scenario_table_has_every_case_and_the_ratio() -> None:
     table = _peers.scenario_table(results, ["llama-server", "warmstart"])
     other = next(x for x in table.splitlines() if "another question (median of 5)" in x)
     assert other.split("|")[3].strip() == "0.300 s" and other.split("|")[-2].strip() == "0.30"
+    # cold is the mean of both chats' cold prompts
+    results["warmstart"]["B cold"] = _reply(1.5)
+    table = _peers.scenario_table(results, ["llama-server", "warmstart"])
+    cold = table.splitlines()[2].split("|")
+    assert cold[3].strip() == "1.000 s" and cold[-2].strip() == "1.00"
 
 
 def test_the_trace_table_shows_the_tail_of_each_system() -> None:
