@@ -191,3 +191,10 @@ def _tune_socket(transport: asyncio.Transport) -> None:
         return
     with contextlib.suppress(OSError):  # else the send timeout applies, after more buffering
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        # Each token's chunk leaves the moment it is written, whether or not the client
+        # has acknowledged the last one yet (Nagle's algorithm would hold it back until
+        # then). asyncio sets TCP_NODELAY only on sockets made with
+        # proto=IPPROTO_TCP, and an accepted socket has proto 0, so it was off here.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
