@@ -194,3 +194,56 @@ def test_the_stores_writes_wait_while_a_client_waits(tmp_path: Path) -> None:
         assert runtime.wait_idle(60) and transfers.quiet
     finally:
         runtime.close()
+
+
+def test_a_stream_says_when_its_reader_has_handled_what_was_put() -> None:
+    stream = QueueStream()
+    assert not stream.wait_handled(0)  # nobody has looked yet
+    stream.put_token("a")
+    assert not stream.wait_handled(0.01)
+    assert isinstance(stream.poll(), Token)  # taken, not yet handled (being written)
+    assert not stream.wait_handled(0)
+    assert stream.poll() is None  # back for the next one: all of it is handled
+    assert stream.wait_handled(0)
+    stream.put_token("b")
+    assert not stream.wait_handled(0)
+
+
+def test_the_first_token_is_handed_over_before_the_second_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server writes a reply's first token to its socket before the next decode
+    takes the cores (the wait is bounded; here long enough never to run out)."""
+    from warmstart.runtime.serving import _pipeline
+
+    monkeypatch.setattr(_pipeline, "HANDOFF_S", 30.0)
+    runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
+    written: list[str] = []
+    steps: list[int] = []
+    engine_step = runtime.engine.step
+
+    def step(res, token):  # type: ignore[no-untyped-def]
+        steps.append(len(written))
+        engine_step(res, token)
+
+    monkeypatch.setattr(runtime.engine, "step", step)
+    try:
+        stream = runtime.generate(_chat("hello", max_tokens=4))
+        assert isinstance(stream, QueueStream)
+        ready = threading.Event()
+        stream.watch(ready.set)
+        while True:  # the event loop's way: woken, then poll until nothing is left
+            ready.wait(30)
+            ready.clear()
+            event = stream.poll()
+            while event is not None:
+                if isinstance(event, Token):
+                    written.append(event.text)
+                if isinstance(event, Done):
+                    break
+                event = stream.poll()
+            if isinstance(event, Done):
+                break
+    finally:
+        runtime.close()
+    assert steps and steps[0] >= 1  # the first decode after the first token came after it

@@ -26,6 +26,8 @@ class QueueStream:
         self._finished = threading.Event()
         self._delivered: list[str] = []
         self._watcher: Callable[[], None] | None = None
+        # the consumer came back for more and found nothing: it has handled all put so far
+        self._handled = threading.Event()
 
     # producer side
     @property
@@ -47,10 +49,16 @@ class QueueStream:
             self._put(exc)
 
     def _put(self, item: Event | BaseException) -> None:
+        self._handled.clear()  # (before the put: a look after it finds the queue empty)
         self._queue.put(item)
         watcher = self._watcher
         if watcher is not None:
             watcher()
+
+    def wait_handled(self, timeout: float) -> bool:
+        """Waits, at most ``timeout`` seconds, until the consumer has handled every event
+        put so far (it came back for the next one and found none): False if not by then."""
+        return self._handled.wait(timeout)
 
     @property
     def delivered(self) -> str:
@@ -78,6 +86,7 @@ class QueueStream:
         try:
             item = self._queue.get_nowait()
         except queue.Empty:
+            self._handled.set()
             return None
         return self._take(item)
 
@@ -90,6 +99,8 @@ class QueueStream:
 
     def __iter__(self) -> Iterator[Event]:
         while True:
+            if self._queue.empty():
+                self._handled.set()
             item = self._take(self._queue.get())
             yield item
             if isinstance(item, Done):
