@@ -369,7 +369,6 @@ class Job:
         token, logprob = self._sample(sampler, kept)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
         self.to_prefill, self.streaming = 0, True
-        handed = False
         while True:
             if self.stream.cancelled:
                 finish = "cancelled"
@@ -384,8 +383,7 @@ class Job:
                 break
             if n >= budget:
                 break
-            if not handed:  # see HANDOFF_S
-                handed = True
+            if n == 1:  # the first token: see HANDOFF_S
                 self.stream.wait_handled(HANDOFF_S)
             engine.step(res, token)
             token, logprob = self._sample(sampler)
