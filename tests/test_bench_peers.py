@@ -48,6 +48,12 @@ def test_decode_is_timed_over_the_tokens_whose_text_came() -> None:
     assert math.isnan(_peers._reply(started, 0.5, 0.5, {"completion_tokens": 1}, ["w"]).decode_tps)
 
 
+def test_a_reply_of_one_piece_has_no_pause() -> None:
+    usage = {"completion_tokens": 2}
+    assert _peers._reply(0.0, 0.5, 0.9, usage, ["a", "b"], 0.4).longest_pause == 0.4
+    assert math.isnan(_peers._reply(0.0, 0.5, 0.5, usage, ["ab"], 0.0).longest_pause)
+
+
 def _reply(ttft: float, tps: float = 30.0, n: int = 16) -> Reply:
     return Reply(ttft, tps, n, 100, 0, "x")
 
@@ -94,9 +100,12 @@ def test_the_trace_table_shows_the_tail_of_each_system() -> None:
     plan = TracePlan.make(False)
     assert plan.requests == 36 and plan.clients * plan.chats > 4  # more than fit live
     fast = TraceResult([0.1] * 35 + [2.0], [30.0] * 36, 576, 12.0)
+    fast.pauses = [0.02] * 35 + [3.0]  # one reply stood still for 3 s
     table = _peers.trace_table({"llama-server": fast, "warmstart": fast}, plan)
     p99 = next(x for x in table.splitlines() if x.startswith("| P99 TTFT"))
     assert p99.split("|")[2].strip() == "2.000 s"
+    pause = next(x for x in table.splitlines() if x.startswith("| P99 of a reply's longest"))
+    assert pause.split("|")[2].strip() == "3.000 s"
     assert "36 requests" in table
 
 
@@ -149,6 +158,8 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     assert all(r.text and r.completion_tokens > 0 for r in replies.values())
     assert replies["A turn 2"].prompt_tokens > replies["A cold"].prompt_tokens
     assert len(trace.ttfts) == plan.requests and not trace.errors
+    # every reply of several pieces has its longest pause between two of them
+    assert len(trace.pauses) == plan.requests and all(0 <= x < 60 for x in trace.pauses)
     table = _peers.scenario_table({"fake": replies}, ["fake"])
     assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS)
     assert "| P99 TTFT |" in _peers.trace_table({"fake": trace}, plan)

@@ -111,6 +111,9 @@ class Reply:
     prompt_tokens: int
     cached_tokens: int | None
     text: str
+    # the longest wait between two pieces of its text (nan if under two): how long a
+    # reader watching it stream saw it stand still, other clients' prompts included
+    longest_pause: float = math.nan
 
 
 def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900) -> Reply:
@@ -131,6 +134,7 @@ def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900
     started = time.perf_counter()
     first: float | None = None
     last: float | None = None
+    pause = 0.0  # the longest between two pieces so far
     usage: dict[str, object] = {}
     text: list[str] = []
     try:
@@ -142,13 +146,15 @@ def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900
                 chunk = json.loads(line[5:])
                 piece = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
                 if piece:
-                    last = time.perf_counter() - started
+                    now = time.perf_counter() - started
+                    pause = pause if last is None else max(pause, now - last)
+                    last = now
                     first = first if first is not None else last
                     text.append(piece)
                 usage = chunk.get("usage") or usage
     except OSError as exc:  # urllib's HTTPError and URLError are OSErrors
         raise PeerError(f"{base_url}: the request failed: {exc}") from exc
-    return _reply(started, first, last, usage, text)
+    return _reply(started, first, last, usage, text, pause)
 
 
 def _reply(
@@ -157,6 +163,7 @@ def _reply(
     last: float | None,
     usage: dict[str, object],
     pieces: list[str],
+    longest_pause: float = 0.0,
 ) -> Reply:
     """Decode tok/s is timed from the first piece of text to the last: the end of a
     stream adds what a reply of its length does not decode (the end-of-turn token's
@@ -175,7 +182,8 @@ def _reply(
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     prompt = int(usage.get("prompt_tokens", 0))  # type: ignore[call-overload]
-    return Reply(ttft, tps, n, prompt, cached, "".join(pieces))
+    pause = longest_pause if len(pieces) > 1 else math.nan
+    return Reply(ttft, tps, n, prompt, cached, "".join(pieces), pause)
 
 
 # the session scenario --------------------------------------------------------------------
@@ -310,6 +318,7 @@ class TraceResult:
     completion_tokens: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    pauses: list[float] = field(default_factory=list)  # each reply's longest
 
     def add(self, other: TraceResult) -> None:
         """Pools another run of the same trace into this one."""
@@ -318,6 +327,7 @@ class TraceResult:
         self.completion_tokens += other.completion_tokens
         self.wall_s += other.wall_s
         self.errors += other.errors
+        self.pauses += other.pauses
 
 
 def _client(
@@ -349,6 +359,8 @@ def _client(
                 out.completion_tokens += reply.completion_tokens
                 if reply.completion_tokens >= 4:
                     out.decode_tps.append(reply.decode_tps)
+                if not math.isnan(reply.longest_pause):
+                    out.pauses.append(reply.longest_pause)
 
 
 def run_trace(base_url: str, plan: TracePlan) -> TraceResult:
@@ -455,6 +467,9 @@ def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
         ("P50 TTFT", lambda r: percentile(r.ttfts, 50), "s"),
         ("P99 TTFT", lambda r: percentile(r.ttfts, 99), "s"),
         ("decode, tok/s (median request)", lambda r: percentile(r.decode_tps, 50), "tok/s"),
+        # what the tail of first tokens is traded against: a reply being read stands
+        # still while other clients' prompts are computed
+        ("P99 of a reply's longest pause", lambda r: percentile(r.pauses, 99), "s"),
         ("tokens/s over the trace", lambda r: r.completion_tokens / r.wall_s, "tok/s"),
         ("wall time (all runs)", lambda r: r.wall_s, "s"),
     ]
