@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest bench-peers gpu-carry gpu-check gpu-check-cpu
+.PHONY: run test lint pytest bench-peers gpu-carry gpu-wheel gpu-check gpu-check-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,10 +78,15 @@ bench-peers: $(VENV)/.dev-installed
 # `make gpu-check` (installers/gpu/device_run.sh) builds a CUDA llama-cpp-python for
 # sm_90, diagnoses the model load, measures the figures on synthetic models and leaves
 # everything in $(GPU_CHECK_OUT) (or $OUT) as it goes, in one call of under 10 minutes.
+# `make gpu-wheel` compiles that CUDA build here instead (CUDA from NVIDIA's PyPI wheels,
+# about an hour on 2 cores), so the device call compiles nothing when the wheel loads there.
 # `make gpu-check-cpu` runs the same steps here on the CPU build, on tiny models.
 GPU_CHECK_OUT ?= gpu-check
 gpu-carry:
 	PYTHON=$(PYTHON) bash installers/gpu/carry.sh
+
+gpu-wheel: $(VENV)/.dev-installed
+	PYTHON=$(BIN)/python bash installers/gpu/build_wheel.sh
 
 gpu-check:
 	PYTHON=$(PYTHON) GPU_CHECK_OUT=$(GPU_CHECK_OUT) bash installers/gpu/device_run.sh

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_the_sweep_the_equivalence_and_serve_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_the_scripts_parse() -> None:
-    for name in ("carry.sh", "install.sh", "device_run.sh"):
+    for name in ("carry.sh", "install.sh", "device_run.sh", "build_wheel.sh"):
         proc = subprocess.run(["bash", "-n", str(ROOT / "installers" / "gpu" / name)])
         assert proc.returncode == 0, name
 
@@ -111,6 +112,9 @@ def test_the_one_device_call_runs_here_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_WORK": str(tmp_path / "work")}
     env["PYTHON"] = sys.executable
+    back = tmp_path / "back"  # the device tool's $OUT: at most 8 files come back from it
+    back.mkdir()
+    env["GPU_CHECK_PACK"] = str(back / "gpu-check.tgz")
     script = ROOT / "installers" / "gpu" / "device_run.sh"
     proc = subprocess.run(["bash", str(script), "--cpu"], env=env, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
@@ -127,6 +131,12 @@ def test_the_one_device_call_runs_here_on_the_cpu(tmp_path: Path) -> None:
     assert "| greedy cold = live = RAM = no cache | True |" in summary
     assert "| `warmstart serve --n-gpu-layers -1` HTTP status | 200 |" in summary
     assert proc.stdout.startswith("# make gpu-check")
+    # everything packed into one file, the summary beside it
+    assert sorted(p.name for p in back.iterdir()) == ["gpu-check.tgz", "summary.md"]
+    with tarfile.open(back / "gpu-check.tgz") as packed:
+        names = set(packed.getnames())
+    assert {"./summary.md", "./steps.tsv", "./diagnosis/diagnosis.json"} <= names
+    assert (back / "summary.md").read_text() == summary
 
 
 @pytest.mark.slow

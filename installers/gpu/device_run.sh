@@ -9,6 +9,11 @@
 #              (verdicts, loads, restore/recompute sweep, equivalence, bench)  $OUT/gpu-check-*.json
 #   summary    $OUT/summary.md (rewritten after every step), steps in $OUT/steps.tsv
 #
+# GPU_CHECK_OUT names the results' folder (else $OUT, else gpu-check). The device tool
+# brings back at most 8 files from its $OUT: there, give GPU_CHECK_OUT a folder of the
+# machine's own and GPU_CHECK_PACK=$OUT/gpu-check.tgz; after every step the folder is
+# packed into that one file and summary.md is copied beside it.
+#
 #   bash installers/gpu/device_run.sh         # on the GPU machine (after `make gpu-carry` here)
 #   bash installers/gpu/device_run.sh --cpu   # here, with the venv's CPU build: the same
 #                                             # steps on tiny models, no install
@@ -16,7 +21,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=gpu
 [ "${1:-}" = "--cpu" ] && MODE=cpu
-OUT=${OUT:-${GPU_CHECK_OUT:-gpu-check}}
+OUT=${GPU_CHECK_OUT:-${OUT:-gpu-check}}
+PACK=${GPU_CHECK_PACK:-}
 WORK=${GPU_CHECK_WORK:-/tmp/warmstart-gpu-check}
 BUDGET=${GPU_RUN_BUDGET_S:-540}  # the run tool's 600 s per call, less a margin
 if [ "$MODE" = cpu ] && [ -x .venv/bin/python ]; then PYTHON=${PYTHON:-.venv/bin/python}; fi
@@ -45,6 +51,29 @@ step() {
     printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" >>"$OUT/steps.tsv"
     "$PYTHON" installers/gpu/summary.py "$OUT" >"$OUT/summary.md.tmp" 2>>"$OUT/summary.err" &&
         mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+    pack
+    return 0
+}
+
+# pack: the results folder as one file, and the summary beside it (GPU_CHECK_PACK)
+pack() {
+    [ -n "$PACK" ] || return 0
+    tar -czf "$PACK.tmp" -C "$OUT" . && mv "$PACK.tmp" "$PACK"
+    cp "$OUT/summary.md" "$(dirname "$PACK")/summary.md" 2>/dev/null
+    return 0
+}
+
+# cuda_lib_dirs: folders holding CUDA's runtime and cuBLAS (a wheel built with CUDA needs
+# both) that the dynamic linker does not already know, colon-separated: the toolkit's
+# and PyTorch's NVIDIA wheels'
+cuda_lib_dirs() {
+    ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.' && return 0
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        $("$PYTHON" -c 'import glob, site
+print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null); do
+        compgen -G "$d/libcublas.so.*" >/dev/null && printf '%s:' "$d"
+    done
     return 0
 }
 
@@ -79,16 +108,25 @@ fi
 step facts 30 bash -c facts
 if [ "$MODE" = gpu ]; then
     SITE=${GPU_CHECK_SITE:-/tmp/warmstart-gpu-site}
+    LIBS=$(cuda_lib_dirs)
+    export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:-}"
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH (added: ${LIBS:-nothing})" >>"$OUT/facts.out"
     step install 300 env GPU_CHECK_SITE="$SITE" PYTHON="$PYTHON" bash installers/gpu/install.sh
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    # the built wheel back in $OUT when small enough to carry: a second call skips the build
-    for wheel in "${CARRY:-.gpu-carry}"/built/llama_cpp_python-*.whl; do
-        [ -f "$wheel" ] && [ "$(stat -c %s "$wheel")" -lt 50000000 ] && cp "$wheel" "$OUT/"
-    done
+    # a wheel built there comes back when it is small enough: a second call skips the build
+    if [ -n "$PACK" ] && ! grep -q 'carried wheel loads' "$OUT/install.err" 2>/dev/null; then
+        for wheel in "${CARRY:-.gpu-carry}"/built/llama_cpp_python-*.whl; do
+            [ -f "$wheel" ] && [ "$(stat -c %s "$wheel")" -lt 16000000 ] &&
+                cp "$wheel" "$(dirname "$PACK")/"
+        done
+    fi
 fi
-# the machine's own warmstart config stays out: an empty one of ours (a named file must exist)
+# the machine's own warmstart config stays out: one of ours (a named file must exist). On
+# the GPU the RAM pool is capped: the policy would pin half of RAM at every start, tens of
+# seconds of the call each time, and the figures need a few GB of it
 export WARMSTART_CONFIG="$OUT/no-config.toml"
 : >"$WARMSTART_CONFIG"
+[ "$MODE" = gpu ] && echo "ram_pool_bytes = ${GPU_CHECK_POOL_BYTES:-8589934592}" >"$WARMSTART_CONFIG"
 step diagnose 200 "$PYTHON" installers/gpu/diagnose.py --out "$OUT/diagnosis" --work "$WORK" \
     --big "$BIG" "${DIAG[@]}"
 step figures-big 260 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
@@ -96,4 +134,5 @@ step figures-big 260 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check
 step figures-small 120 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-small.json" \
     --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --serve --no-loads \
     "${SMALL_BENCH[@]}"
+pack
 cat "$OUT/summary.md" 2>/dev/null

@@ -31,7 +31,23 @@ offline() {
 }
 offline "$CARRY"/wheels/*.whl
 
+# a wheel built beforehand (`make gpu-wheel`, or an earlier run here) is used when it loads
+# here with GPU offload; one that does not (other system libraries, another CUDA) is put
+# aside, and the build runs as if there were none
 wheel=$(ls "$CARRY"/built/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$wheel" ]; then
+    offline "$wheel"
+    if "$PYTHON" -c 'import sys, llama_cpp.llama_cpp as ll
+sys.exit(0 if ll.llama_supports_gpu_offload() else 1)' >&2; then
+        echo "gpu-check: the carried wheel loads with GPU offload: $wheel" >&2
+    else
+        echo "gpu-check: the carried wheel does not load with GPU offload here: building" >&2
+        mkdir -p "$CARRY/unusable"
+        mv "$wheel" "$CARRY/unusable/"
+        rm -rf "$SITE"/llama_cpp "$SITE"/llama_cpp_python-*
+        wheel=
+    fi
+fi
 if [ -z "$wheel" ]; then
     echo "gpu-check: building llama-cpp-python $VERSION ($CUDA_CMAKE_ARGS) on $(nproc) cores ..." >&2
     # no build isolation: the build tools (scikit-build-core, cmake, ninja) come from the image
@@ -39,8 +55,8 @@ if [ -z "$wheel" ]; then
         "$PYTHON" -m pip wheel -q --no-index --no-deps --no-build-isolation \
         -w "$CARRY/built" "$SDIST"
     wheel=$(ls "$CARRY"/built/llama_cpp_python-"$VERSION"-*.whl | head -n1)
+    offline "$wheel"
 fi
-offline "$wheel"
 # warmstart itself is pure Python: its two packages linked where pip --target would
 # put them (no build backend needed offline; edits here are seen there at once)
 mkdir -p "$SITE/warmstart"
