@@ -9,6 +9,8 @@
 #              (verdicts, loads, restore/recompute sweep, equivalence, bench)  $OUT/gpu-check-*.json
 #   summary    $OUT/summary.md (rewritten after every step), steps in $OUT/steps.tsv
 #
+# GPU_CHECK_STEPS="figures-small ..." runs only those of the measuring steps (a second call
+# on a machine still warm, say); facts and install always run.
 # GPU_CHECK_OUT names the results' folder (else $OUT, else gpu-check). The device tool
 # brings back at most 8 files from its $OUT: there, give GPU_CHECK_OUT a folder of the
 # machine's own and GPU_CHECK_PACK=$OUT/gpu-check.tgz; after every step the folder is
@@ -39,6 +41,11 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() {
     local name=$1 limit=$2 rest t0 rc
     shift 2
+    if [ -n "${GPU_CHECK_STEPS:-}" ] && [ "$name" != facts ] && [ "$name" != install ] &&
+        [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then
+        printf '%s\tnot asked\t0\n' "$name" >>"$OUT/steps.tsv"
+        return 0
+    fi
     rest=$(($(left) - 10))
     if [ "$rest" -lt 15 ]; then
         printf '%s\tskipped\t0\n' "$name" >>"$OUT/steps.tsv"
