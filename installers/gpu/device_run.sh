@@ -70,16 +70,17 @@ pack() {
     return 0
 }
 
-# cuda_lib_dirs: folders holding CUDA's runtime and cuBLAS (a wheel built with CUDA needs
-# both) that the dynamic linker does not already know, colon-separated: the toolkit's
-# and PyTorch's NVIDIA wheels'
+# cuda_lib_dirs: folders holding CUDA's runtime and cuBLAS of CUDA $CUDA_MAJOR (a wheel
+# built with it needs both) that the dynamic linker does not already know,
+# colon-separated: the toolkit's and PyTorch's NVIDIA wheels'
+CUDA_MAJOR=${CUDA_MAJOR:-13}
 cuda_lib_dirs() {
-    ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.' && return 0
+    ldconfig -p 2>/dev/null | grep -q "libcublas\.so\.$CUDA_MAJOR " && return 0
     local d
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
         $("$PYTHON" -c 'import glob, site
 print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null); do
-        compgen -G "$d/libcublas.so.*" >/dev/null && printf '%s:' "$d"
+        [ -e "$d/libcublas.so.$CUDA_MAJOR" ] && printf '%s:' "$d"
     done
     return 0
 }
@@ -105,7 +106,7 @@ if [ "$MODE" = gpu ]; then
     SWEEP=256,512,1024,2048,4096,8192,12288,16384
     SMALL_SWEEP=64,256,1024,2048,4096
     BIG_BENCH=(--bench-timeout 200) SMALL_BENCH=(--quick --bench-timeout 100)
-    DIAG=(--timeout-s 90 --budget-s 190)
+    DIAG=(--timeout-s 60 --budget-s 140)
 else
     BIG=tiny SMALL=tiny SWEEP=16,64,256 SMALL_SWEEP=16,64
     BIG_BENCH=(--quick) SMALL_BENCH=(--no-bench)
