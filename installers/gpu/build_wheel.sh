@@ -46,10 +46,17 @@ fi
 
 mkdir -p "$CARRY/built"
 rm -f "$CARRY"/built/llama_cpp_python-*.whl
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 started=$(date +%s)
 PATH="$TK/bin:$PATH" CUDACXX="$TK/bin/nvcc" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF \
 -DCUDAToolkit_ROOT=$TK -DCMAKE_CUDA_COMPILER=$TK/bin/nvcc" \
-    "$PYTHON" -m pip wheel -q --no-deps -w "$CARRY/built" "$SDIST"
-ls -la "$CARRY"/built/
+    "$PYTHON" -m pip wheel -q --no-deps -w "$work" "$SDIST"
 echo "gpu-wheel: built in $(($(date +%s) - started)) s"
+# each library once (installers/gpu/slim_wheel.py): 263 MB -> about 42 MB, within what a
+# device call takes along beside the sdist and the wheels
+for wheel in "$work"/llama_cpp_python-*.whl; do
+    "$PYTHON" installers/gpu/slim_wheel.py "$wheel" "$CARRY/built/$(basename "$wheel")"
+done
+du -sh "$CARRY"
