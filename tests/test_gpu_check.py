@@ -120,11 +120,15 @@ def test_the_one_device_call_runs_here_on_the_cpu(tmp_path: Path) -> None:
                           text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     steps = [row.split("\t") for row in (out / "steps.tsv").read_text().splitlines()]
-    assert [s[0] for s in steps] == ["facts", "diagnose", "figures-big", "figures-small"]
+    names = ["facts", "diagnose", "figures-small", "figures-big", "bench-small"]
+    assert [s[0] for s in steps] == names
     assert all(s[1] == "0" for s in steps), steps
     assert json.loads((out / "diagnosis" / "diagnosis.json").read_text())["cases"]
     big = json.loads((out / "gpu-check-big.json").read_text())
-    assert not big["errors"] and big["bench"]["cold_ttft_s"] > 0 and big["sweep"]["sweep"]
+    assert not big["errors"] and big["ours"]["cold_ttft_s"] > 0 and big["sweep"]["sweep"]
+    assert big["ours"]["greedy_same_reply"] and big["ours"]["disk_ttft_s"] > 0
+    whole = json.loads((out / "gpu-check-bench.json").read_text())
+    assert not whole["errors"] and whole["bench"]["process_start_to_first_token_s"] > 0
     summary = (out / "summary.md").read_text()
     assert "## Diagnosis" in summary and "| big_gpu_all | ok |" in summary
     assert "| pinned host-to-device GB/s | - |" in summary  # no GPU here: absent, not guessed
@@ -150,3 +154,23 @@ def test_the_report_with_the_bench(tmp_path: Path) -> None:
                 "process_start_to_first_token_s", "extra_buffers"):  # fmt: skip
         assert key in bench, key
     assert bench["disk_restored_tokens"] > 0
+
+
+def test_a_child_that_hangs_is_killed_with_the_stacks_of_its_whole_tree() -> None:
+    """gpu_check's steps run children (bench, serve) that spawn more: a hang names the
+    line each process waits on (py-spy, a dev dependency) instead of a bare timeout."""
+    child = "import time\ndef waits_here():\n    print(1, flush=True)\n    time.sleep(60)\n"
+    child += "waits_here()\n"
+    parent = (  # says "started" once its child is in waits_here
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE)\n"
+        "child.stdout.readline()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    code, out, err = gpu_check.run_or_dump([sys.executable, "-c", parent], 8.0)
+    assert code is None and out == "started\n"
+    assert "[timed out after 8 s]" in err
+    assert err.count("[py-spy dump --pid") == 2 and "waits_here (<string>:4)" in err
+    code, out, err = gpu_check.run_or_dump([sys.executable, "-c", "print('done')"], 30.0)
+    assert (code, out, err) == (0, "done\n", "")

@@ -15,7 +15,8 @@ VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 # runtime dependencies missing from a typical CUDA + PyTorch image (numpy, jinja2,
 # psutil, httpx, xxhash, prometheus-client, nvidia-ml-py, pyyaml, tqdm are there)
 WANTED="diskcache zstandard pydantic pydantic-core pydantic-settings annotated-types
-typing-inspection typing-extensions python-dotenv platformdirs fastapi starlette uvicorn gguf"
+typing-inspection typing-extensions python-dotenv platformdirs fastapi starlette uvicorn gguf
+py-spy"  # py-spy: gpu_check.py dumps the stacks of a step that hangs
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -41,9 +42,9 @@ fi
 rm -rf "$CARRY/wheels" "$work/all"
 "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$work/all" \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$work/all" \
     diskcache "zstandard>=0.22" "pydantic>=2.7,<3" "pydantic-settings>=2.3,<3" platformdirs \
-    "fastapi>=0.110" "uvicorn>=0.29" "gguf==0.19.0"
+    "fastapi>=0.110" "uvicorn>=0.29" "gguf==0.19.0" py-spy
 mkdir -p "$CARRY/wheels"
 for name in $WANTED; do
     stem=$(echo "$name" | tr - _)

@@ -5,8 +5,10 @@
 #   facts      uname, nvidia-smi, nvcc, CPU flags                    $OUT/facts.out
 #   install    carried wheels + llama-cpp-python built for sm_90     $OUT/install.err
 #   diagnose   installers/gpu/diagnose.py, the load crash, case by case  $OUT/diagnosis/
-#   figures-*  installers/gpu/gpu_check.py on the 8B geometry and on the default model's
-#              (verdicts, loads, restore/recompute sweep, equivalence, bench)  $OUT/gpu-check-*.json
+#   figures-*  installers/gpu/gpu_check.py on the default model's geometry, then the 8B's
+#              (verdicts, equivalence, bench's own figures, restore/recompute sweep, serve,
+#              loads)                                                $OUT/gpu-check-*.json
+#   bench-small `warmstart bench --quick` whole (its peers and fresh processes too)
 #   summary    $OUT/summary.md (rewritten after every step), steps in $OUT/steps.tsv
 #
 # GPU_CHECK_STEPS="figures-small ..." runs only those of the measuring steps (a second call
@@ -105,11 +107,16 @@ if [ "$MODE" = gpu ]; then
     BIG=${GPU_BIG:-llama-8b} SMALL=${GPU_SMALL:-smollm2-135m}
     SWEEP=256,512,1024,2048,4096,8192,12288,16384
     SMALL_SWEEP=64,256,1024,2048,4096
-    BIG_BENCH=(--bench-timeout 200) SMALL_BENCH=(--quick --bench-timeout 100)
+    # bench's own figures child by child (--ours: a hang costs one child's timeout, and the
+    # figures before it stay); `warmstart bench` whole, with its peers, last
+    BIG_BENCH=(--ours --ours-timeout 100 --no-bench)
+    SMALL_BENCH=(--ours --ours-timeout 50 --no-bench --quick)
+    WHOLE_BENCH=(--quick --bench-timeout 80)
     DIAG=(--timeout-s 60 --budget-s 140)
 else
     BIG=tiny SMALL=tiny SWEEP=16,64,256 SMALL_SWEEP=16,64
-    BIG_BENCH=(--quick) SMALL_BENCH=(--no-bench)
+    BIG_BENCH=(--ours --no-bench --quick) SMALL_BENCH=(--ours --no-bench --quick)
+    WHOLE_BENCH=(--quick)
     DIAG=(--timeout-s 60 --budget-s 120)
 fi
 
@@ -137,10 +144,13 @@ export WARMSTART_CONFIG="$OUT/no-config.toml"
 [ "$MODE" = gpu ] && echo "ram_pool_bytes = ${GPU_CHECK_POOL_BYTES:-8589934592}" >"$WARMSTART_CONFIG"
 step diagnose 200 "$PYTHON" installers/gpu/diagnose.py --out "$OUT/diagnosis" --work "$WORK" \
     --big "$BIG" "${DIAG[@]}"
-step figures-big 260 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
-    --work "$WORK" --geometry "$BIG" --sweep "$SWEEP" --equivalence "${BIG_BENCH[@]}"
+# the small model first: quick, and a canary for the big one
 step figures-small 120 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-small.json" \
     --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --serve --no-loads \
     "${SMALL_BENCH[@]}"
+step figures-big 240 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
+    --work "$WORK" --geometry "$BIG" --sweep "$SWEEP" --equivalence --serve "${BIG_BENCH[@]}"
+step bench-small 100 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-bench.json" \
+    --work "$WORK" --geometry "$SMALL" --no-loads "${WHOLE_BENCH[@]}"
 pack
 cat "$OUT/summary.md" 2>/dev/null

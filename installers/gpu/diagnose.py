@@ -307,8 +307,10 @@ def environment() -> dict[str, Any]:
     ldd = {}
     for d in lib_dirs[:1]:
         for name in ("libggml-cuda.so", "libllama.so"):
-            if (d / name).exists():
-                ldd[name] = _run(["ldd", str(d / name)])
+            # a slim wheel (installers/gpu/slim_wheel.py) has libggml-cuda.so.0 alone
+            found = sorted(d.glob(name + "*"))
+            if found:
+                ldd[name] = _run(["ldd", str(found[0])])
     try:
         cpu_flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -107,10 +107,132 @@ def bench_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict
     else:
         cmd += ["--conversations", str(args.conversations)]
         cmd += ["--system-tokens", str(args.system_tokens)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"warmstart bench failed ({proc.returncode}): {proc.stderr[-8000:]}")
-    return dict(json.loads(proc.stdout))
+    code, out, err = run_or_dump(cmd, args.bench_timeout)
+    if code != 0:
+        raise RuntimeError(f"warmstart bench failed ({code}): {err[-12000:]}")
+    return dict(json.loads(out))
+
+
+# warmstart bench's own figures (runtime/bench/_ours.py) in a child: cold, live and RAM-pool
+# TTFT, set-data and restore rates, decode speed, the threshold check. argv: MODEL DATA_DIR
+# RULES CONVERSATIONS; prints the JSON of run_ours, then the settings it ran with
+_OURS = """
+import json, sys
+from pathlib import Path
+from warmstart.runtime._progress import Bar
+from warmstart.runtime.bench._ours import run_ours
+from warmstart.runtime.bench._workload import system_prompt
+from warmstart.runtime.settings import load_settings
+s = load_settings(model=sys.argv[1], data_dir=Path(sys.argv[2]), n_gpu_layers=-1,
+                  prewarm_sessions=0)
+system = system_prompt(int(sys.argv[3]))
+with Bar("ours", int(sys.argv[4]) + 8) as bar:
+    ours = run_ours(s, system, int(sys.argv[4]), bar)
+print(json.dumps({"ours": ours, "settings": s.model_dump(mode="json"), "system": system}))
+"""
+
+
+def ours_section(model: Path, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The figures of ``warmstart bench`` that need no other program, each process under
+    ``--ours-timeout`` (a hang names its line): run_ours in one child, then the disk hit
+    of a fresh process in another, as bench times it."""
+    rules = max(2, (300 if args.quick else args.system_tokens) // 40)
+    n_conv = 3 if args.quick else args.conversations
+    cmd = [sys.executable, "-X", "faulthandler", "-c", _OURS, str(model), str(data_dir)]
+    code, out, err = run_or_dump([*cmd, str(rules), str(n_conv)], args.ours_timeout)
+    if code != 0:
+        raise RuntimeError(f"run_ours failed ({code}): {err[-12000:]}")
+    got = json.loads(out.strip().splitlines()[-1])
+    ours = got["ours"]
+    result: dict[str, Any] = {
+        "cold_ttft_s": ours["cold"]["ttft_s"],
+        "live_ttft_s": ours["live"]["ttft_s"],
+        "ram_ttft_s": ours["ram"]["ttft_s"],
+        "prompt_tokens": ours["cold"]["report"]["prompt_tokens"],
+        "ram_report": ours["ram"]["report"],
+        "set_data_gbps": ours["set_data_gbps"],
+        "kv_bytes_per_token": ours["kv_bytes_per_token"],
+        **{k: v for k, v in ours.items() if k.startswith("decode_tok_s") or k == "one_step_s"},
+        "threshold": ours["threshold"],
+        "tuning": {k: v["value"] for k, v in ours["tuning"].items()},
+    }
+    ram = ours["ram"]["report"]
+    restored = ram["restored"]["ram"] * ours["kv_bytes_per_token"]
+    result["restore_gbps"] = restored / max(ram["restore_ms"], 1e-6) / 1e6
+    payload = json.dumps({"settings": got["settings"], "system": got["system"]})
+    disk_cmd = [sys.executable, "-X", "faulthandler", "-m", "warmstart.runtime.bench._bench"]
+    code, out, err = run_or_dump([*disk_cmd, "--child", "disk", payload], args.ours_timeout)
+    if code != 0:
+        result["disk_error"] = err[-12000:]
+        return result
+    disk = json.loads(out.strip().splitlines()[-1])
+    result["disk_ttft_s"] = disk["ttft_s"]
+    result["disk_report"] = disk["report"]
+    result["greedy_same_reply"] = ours["cold"]["text"] == ours["ram"]["text"] == disk["text"]
+    return result
+
+
+def _py_spy() -> str | None:
+    """py-spy: on PATH, beside this Python, or installed with ``pip --target`` beside
+    these packages (``<target>/bin``)."""
+    import shutil
+
+    places = [Path(sys.executable).parent, *(Path(p) / "bin" for p in sys.path if p)]
+    found = shutil.which("py-spy") or next(
+        (str(d / "py-spy") for d in places if (d / "py-spy").is_file()), None
+    )
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (from /proc; Linux only)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    order, todo = [], [pid]
+    while todo:
+        order.append(todo.pop(0))
+        todo += children.get(order[-1], [])
+    return order
+
+
+def run_or_dump(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """(exit status or None on a timeout, stdout, stderr) of ``cmd``. When it runs past
+    ``timeout``, the Python stacks of it and every process it started (py-spy, where it
+    is) are appended to stderr before the whole process group is killed: a hang names
+    the line it hangs on."""
+    import signal
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+            dumps = ""
+        except subprocess.TimeoutExpired:
+            code, spy = None, _py_spy()
+            dumps = f"\n[timed out after {timeout:.0f} s]\n"
+            for pid in _tree(proc.pid):
+                if spy is None:
+                    dumps += "[no py-spy here: no stacks]\n"
+                    break
+                try:
+                    dump = subprocess.run(
+                        [spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                        timeout=30,
+                    )  # fmt: skip
+                    dumps += f"[py-spy dump --pid {pid}]\n{dump.stdout}{dump.stderr}\n"
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    dumps += f"[py-spy dump --pid {pid}: {exc}]\n"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace") + dumps
+        return code, out.read().decode("utf-8", "replace"), text
 
 
 # each load in a child: a segfault ends the child, not the report; argv: MODEL LAYERS
@@ -346,6 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # sweep then reuse), the figures next, the checks last: a timeout loses the least
     for key, wanted, fn in (
         ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
+        ("ours", args.ours, lambda: ours_section(model, data, args)),
         ("bench", args.bench, lambda: bench_section(model, data, args)),
         ("sweep", args.sweep, lambda: sweep_section(model, data, tuple(args.sweep))),
         ("serve", args.serve, lambda: serve_section(model, data / "serve")),
@@ -381,6 +504,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--equivalence", action="store_true", help="greedy replies vs no cache")
     p.add_argument("--serve", action="store_true", help="warmstart serve answers over HTTP")
     p.add_argument("--no-bench", dest="bench", action="store_false")
+    p.add_argument("--ours", action="store_true", help="bench's own figures, child by child")
+    p.add_argument("--ours-timeout", type=float, default=150.0, help="for each of its children")
     p.add_argument("--quick", action="store_true", help="bench's small workload")
     p.add_argument("--no-loads", dest="loads", action="store_false", help="skip the load children")
     p.add_argument("--conversations", type=int, default=6)

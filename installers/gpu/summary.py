@@ -54,6 +54,8 @@ def figures(report: dict[str, Any]) -> list[str]:
     lines = ["| figure | value |", "|---|---|"]
     for label, path, fmt in FIGURES:
         value = dig(report, path)
+        if value is None and path[0] == "bench":  # gpu_check --ours: the same figures
+            value = dig(report, ("ours", *path[1:]))
         shown = (
             "-"
             if value is None
