@@ -43,14 +43,29 @@ def _without_extra_buffers() -> None:
     ll.llama_model_default_params = without
 
 
-def _lcp_ttft(llm: Any, prompt: str) -> float:
+def _lcp_ttft(llm: Any, prompt: str, max_tokens: int = 16) -> float:
+    """Submit to the first token llama-cpp-python samples (a stopping criterion sees each
+    one), the reply held to ``max_tokens`` by that criterion too. Its own ``max_tokens``
+    is not enough: while the text ends in the lead byte of a UTF-8 character, its loop
+    skips that check, and a model that repeats such a byte (the GPU check's synthetic
+    one does: byte 0xFE, greedily) generated until its context was full, with every
+    token's text decoded again from the start (minutes on an H200). Its first streamed
+    text is no mark either: held back for the same bytes, it came after the last token."""
+    from llama_cpp import StoppingCriteriaList
+
+    times: list[float] = []
+
+    def count(_ids: Any, _logits: Any) -> bool:
+        times.append(time.perf_counter())
+        return len(times) >= max_tokens
+
     t0 = time.perf_counter()
-    it = llm.create_completion(prompt, max_tokens=16, temperature=0.0, stream=True)
-    next(it)
-    ttft = time.perf_counter() - t0
-    for _ in it:
+    stop = StoppingCriteriaList([count])
+    for _ in llm.create_completion(
+        prompt, max_tokens=max_tokens, temperature=0.0, stream=True, stopping_criteria=stop
+    ):
         pass
-    return ttft
+    return times[0] - t0
 
 
 def child_lcp(
