@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -42,17 +43,20 @@ def ask_start_to_first_token(settings: Settings, question: str = START_QUESTION)
     cmd = [sys.executable, "-m", _RUNTIME + ".cli", "ask", question, "--max-tokens", "8"]
     flags, env = _cli_args(settings)
     cmd += flags
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env}
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.read(1)
-    first_s = time.perf_counter() - t0
-    _, err = proc.communicate()
+    # stderr to a file, not a pipe: nobody reads it until the first byte of stdout, and
+    # a child that logs more than a pipe holds first would wait on it for ever
+    with tempfile.TemporaryFile() as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, **env})
+        assert proc.stdout is not None
+        first = proc.stdout.read(1)
+        first_s = time.perf_counter() - t0
+        proc.communicate()
+        log.seek(0)
+        err = log.read().decode("utf-8", "replace")
     if proc.returncode != 0 or not first:
-        raise RuntimeError(f"warmstart ask failed ({proc.returncode}):\n{err.decode()[-3000:]}")
-    summary = [ln for ln in err.decode().splitlines() if ln.startswith("[prompt")]
+        raise RuntimeError(f"warmstart ask failed ({proc.returncode}):\n{err[-3000:]}")
+    summary = [ln for ln in err.splitlines() if ln.startswith("[prompt")]
     return {
         "process_start_to_first_token_s": first_s,
         "process_wall_s": time.perf_counter() - t0,
