@@ -131,7 +131,11 @@ class Settings(BaseSettings):
     )
     n_gpu_layers: int = Field(-1, ge=-1, le=10000, description="layers offloaded (-1: all)")
     type_kv: Literal["f16", "q8_0"] = Field("f16", description="KV cache element type")
-    flash_attn: Literal["auto", "on"] = Field("auto", description="flash attention")
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="flash attention; auto: off on the CPU with an f16 KV cache (llama.cpp's "
+        "CPU kernel is slower there), llama.cpp's own choice on a GPU",
+    )
     extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto",
         description="llama.cpp's extra buffer types (weight repacking, AMX); auto: a "
@@ -282,6 +286,12 @@ class Settings(BaseSettings):
             and self.low_watermark >= self.high_watermark
         ):
             raise ValueError("low_watermark must be below high_watermark")
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_v_has_flash_attn(self) -> Settings:
+        if self.flash_attn == "off" and self.type_kv != "f16":
+            raise ValueError(f"a {self.type_kv} KV cache needs flash_attn on or auto")
         return self
 
     @classmethod

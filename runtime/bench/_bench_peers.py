@@ -144,6 +144,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="more `warmstart serve` and `doctor` settings, e.g. '--n-threads 1'",
     )
+    p.add_argument(
+        "--llama-server-fa",
+        choices=["on", "off", "auto"],
+        default="on",
+        help="llama-server's flash attention (-fa; default %(default)s, as the issue measured "
+        "it; warmstart runs it off on a CPU, where llama.cpp's kernel for it is slower)",
+    )
     p.add_argument("--quick", action="store_true", help="short prompts and a short trace")
     only = p.add_mutually_exclusive_group()
     only.add_argument("--no-trace", action="store_true", help="the session scenario only")
@@ -191,7 +198,8 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
             log.warning("hearth-llm left out: %s", exc)
             args.systems.remove("hearth")
     extra = shlex.split(args.warmstart_args)
-    return Setup(resolve_model(args.model), args.threads, extra, binary, hearth)
+    model = resolve_model(args.model)
+    return Setup(model, args.threads, extra, binary, hearth, args.llama_server_fa)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,8 +251,8 @@ def render(
     head = (
         f"model {setup.model.name}; system prompt A: {a.prompt_tokens if a else '?'} "
         f"prompt tokens; llama-server -t {setup.threads} -np 1 -c {TOTAL_CTX} "
-        "--no-repack -fa on; warmstart calibrated first (warmstart-fresh: a fresh data "
-        "dir's first process)"
+        f"--no-repack -fa {setup.llama_fa}; warmstart calibrated first (warmstart-fresh: "
+        "a fresh data dir's first process)"
     )
     out = [head, "", _peers.scenario_table(scen, systems)] if scen else [head]
     if trace:

@@ -21,6 +21,7 @@ class Setup:
     warmstart_args: list[str]
     llama_server: Path | None
     hearth: Path | None
+    llama_fa: str = "on"  # llama-server's -fa
 
 
 def _warmstart(setup: Setup, name: str, calibrate: bool, extra: list[str]) -> Server:
@@ -64,7 +65,7 @@ def _llama_server(setup: Setup, slots: int) -> Server:
     binary = setup.llama_server
 
     # --no-repack: on AMX machines llama.cpp's repacked weights take another code path;
-    # -fa on as warmstart runs; the default --cache-ram (8 GiB) keeps prompts in RAM
+    # -fa as asked (on by default); the default --cache-ram (8 GiB) keeps prompts in RAM
     def argv(port: int, home: Path) -> list[str]:
         return [
             str(binary),
@@ -78,7 +79,7 @@ def _llama_server(setup: Setup, slots: int) -> Server:
             str(slots),
             "--no-repack",
             "-fa",
-            "on",
+            setup.llama_fa,
             "--host",
             "127.0.0.1",
             "--port",
@@ -112,7 +113,7 @@ def _hearth(setup: Setup) -> Server:
             str(setup.threads),
             "--no-repack",
             "-fa",
-            "on",
+            setup.llama_fa,
         ]
 
     # hearth starts `llama-server` from PATH

@@ -38,7 +38,11 @@ def _close_llama_cpp_devnull() -> None:
             f.close()
 
 
-_FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED}
+_FLASH = {
+    "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 _GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values: GGML_TYPE_F16, GGML_TYPE_Q8_0
 _DECODE_NO_SLOT = 1
 ABORTED = 2  # llama_decode and llama_encode: the abort callback said stop
