@@ -73,8 +73,9 @@ class _CalibrationTarget:
 
     def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
         self._loaded, self._settings = loaded, settings
-        flash = flash_attn_of(settings, settings.n_gpu_layers)
-        self.fingerprint = fingerprint_of(loaded.model, loaded.digest, settings.type_kv, flash)
+        self.fingerprint = fingerprint_of(
+            loaded.model, loaded.digest, settings.type_kv, settings.flash_attn
+        )
         self.kv_bytes_per_token = loaded.model.kv_bytes_per_token_estimate(settings.type_kv)
         self.kv_layout: tuple[dict[str, Any], ...] | None = None
         self._engine: LlamaEngine | None = None
@@ -178,24 +179,11 @@ def engine_config(
         n_threads=s.n_threads or 0,
         decode_threads=s.decode_threads or 0,
         n_gpu_layers=n_gpu_layers,
-        flash_attn=flash_attn_of(s, n_gpu_layers),
+        flash_attn=s.flash_attn,
         type_kv=s.type_kv,
         kv_layout=kv_layout,
         step_replies=_step_replies(s, n_gpu_layers),
     )
-
-
-def flash_attn_of(settings: Settings, n_gpu_layers: int) -> str:
-    """Flash attention as the engine runs it: the setting, but "auto" is off on the CPU
-    with an f16 KV cache. There llama.cpp's flash-attention kernel computes each query
-    row alone: on a 2-core Xeon at 1,900 tokens of context a decode step took 34.6 ms
-    with it and 19.1 ms without, a 12-token batch 279 ms and 71 ms, a 64-token one the
-    same (314 and 311 ms). A quantized V needs it; on a GPU llama.cpp chooses."""
-    if settings.flash_attn != "auto":
-        return settings.flash_attn
-    if settings.type_kv != "f16":
-        return "on"
-    return "off" if n_gpu_layers == 0 or not gpu_offload_supported() else "auto"
 
 
 def _step_replies(settings: Settings, n_gpu_layers: int) -> bool:
