@@ -49,12 +49,21 @@ class ContextOverflow(EngineError):
     """The prompt plus the requested completion does not fit in the context."""
 
     def __init__(
-        self, prompt_tokens: int, max_tokens: int, n_ctx: int, at_least: bool = False
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        n_ctx: int,
+        at_least: bool = False,
+        tools: bool = False,
     ) -> None:
+        """``tools``: the request has tools, whose definitions the prompt holds (a large
+        parameter schema can fill the context by itself)."""
         size = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        shorten = "the conversation or the tools' definitions" if tools else "the conversation"
+        held = " (the tools' definitions included)" if tools else ""
         super().__init__(
-            f"this prompt is {size} tokens and asks for up to {max_tokens} more, "
-            f"but a conversation holds at most {n_ctx} tokens; shorten the conversation "
+            f"this prompt is {size} tokens{held} and asks for up to {max_tokens} more, "
+            f"but a conversation holds at most {n_ctx} tokens; shorten {shorten} "
             "or lower max_tokens"
         )
         self.prompt_tokens = prompt_tokens

@@ -56,6 +56,16 @@ def test_the_overflow_rule_is_the_prompt_alone() -> None:
         check_fits(64, 1, 64)
 
 
+def test_an_overflow_with_tools_says_their_definitions_count() -> None:
+    """A tool's parameter schema is part of the prompt: a large one fills the context
+    by itself, and the error must not send the user to a conversation of one line."""
+    with pytest.raises(ContextOverflow, match=r"tokens \(the tools' definitions included\)"):
+        check_fits(64, 1, 64, tools=True)
+    with pytest.raises(ContextOverflow) as caught:
+        check_fits(64, 1, 64)
+    assert "tools" not in str(caught.value)
+
+
 def test_a_reply_that_runs_past_the_context_stops_there(fake: LocalRuntime) -> None:
     words = " ".join(["word"] * 50)
     admitted = fake.admit(

@@ -80,10 +80,10 @@ def check_request(request: Request) -> None:
     check_choice(request)
 
 
-def check_fits(n_prompt: int, max_tokens: int, n_ctx: int) -> None:
+def check_fits(n_prompt: int, max_tokens: int, n_ctx: int, tools: bool = False) -> None:
     """The overflow rule (see the module docstring): room for one reply token."""
     if n_prompt >= n_ctx:
-        raise ContextOverflow(n_prompt, max_tokens, n_ctx)
+        raise ContextOverflow(n_prompt, max_tokens, n_ctx, tools=tools)
 
 
 class Prompter(Protocol):
@@ -165,7 +165,7 @@ def admit(
     admitted = Admitted(request, tuple(ids), anchors, session_id, tools, prompter.fingerprint)
     if overflow == "trim":
         admitted = _trim(admitted, prompter, n_ctx)
-    check_fits(len(admitted.ids), request.sampling.max_tokens, n_ctx)
+    check_fits(len(admitted.ids), request.sampling.max_tokens, n_ctx, request.uses_tools)
     return admitted
 
 
@@ -177,7 +177,8 @@ def _refuse_unfit(request: Request, prompter: Prompter, n_ctx: int, overflow: st
     kept = _least_kept(request) if overflow == "trim" else request
     least = prompter.least_tokens(kept, n_ctx)
     if least >= n_ctx:
-        raise ContextOverflow(least, request.sampling.max_tokens, n_ctx, at_least=True)
+        max_tokens = request.sampling.max_tokens
+        raise ContextOverflow(least, max_tokens, n_ctx, at_least=True, tools=request.uses_tools)
 
 
 def _least_kept(request: Request) -> Request:
