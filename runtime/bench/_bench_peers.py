@@ -149,7 +149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["on", "off", "auto"],
         default="on",
         help="llama-server's flash attention (-fa; default %(default)s, as the issue measured "
-        "it; warmstart runs it off on a CPU, where llama.cpp's kernel for it is slower)",
+        "it; warmstart's is its --flash-attn, passed in --warmstart-args)",
     )
     p.add_argument("--quick", action="store_true", help="short prompts and a short trace")
     only = p.add_mutually_exclusive_group()

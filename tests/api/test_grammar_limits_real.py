@@ -178,7 +178,8 @@ def test_any_schema_is_an_answer_or_a_400_and_the_server_lives(
     if response.status_code == 400:
         error = _error(response)
         # a tool's parameters are part of the prompt: a large schema can fill the
-        # context by itself, and the 400 says so (CI drew one: anyOf of 600 strings)
+        # context by itself, and the 400 says so (CI drew one: anyOfs of strings beside
+        # nested arrays of an enum)
         told = route == "tools" and "tools' definitions" in error
         assert "schema" in error or "grammar" in error or told, error
 
