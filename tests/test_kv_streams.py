@@ -270,7 +270,7 @@ def test_a_prompt_prefilled_in_pieces_while_others_wait_gives_the_same_bits(  # 
     probe = replace(request, sampling=Sampling(max_tokens=1))
     a, _ = alone.prompt_logits(probe)
     expected = _chunks(alone, probe)
-    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    monkeypatch.setattr(Worker, "_holds_up", lambda self, job, active: True)
     pieces = make_runtime(tmp_path / "pieces", **same)
     sizes: list[int] = []
     decode = pieces.engine.ctx.decode

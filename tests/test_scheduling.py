@@ -5,6 +5,7 @@ STALL_S, and work whose client has its answer waits for both."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,26 @@ def test_the_shortest_prompt_goes_first_and_a_stalled_reply_before_it() -> None:
     assert min([cold, hit, reply], key=lambda j: _rank(j, now, stepped)) is reply
     stepped[id(cold)] = now - _worker.STARVE_S  # and a long prompt is not starved
     assert _rank(cold, now, stepped) < _rank(hit, now, stepped)
+
+
+def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
+    """A prompt is prefilled in short decodes and pieces only while a client waits that
+    would go first (a hit, a request not looked at yet, one still queued); beside
+    other cold prompts and replies being decoded it goes in whole merged batches (a
+    burst of cold prompts then takes what each alone takes: in 64-token pieces, 448
+    tokens took 9% longer)."""
+    job = _job(to_prefill=440)
+    cold, hit, fresh = _job(to_prefill=450), _job(to_prefill=15), _job()
+    reply, answered = _job(streaming=True), _job(background=True)
+    stepped = {id(j): 0.0 for j in (job, cold, hit, reply, answered)}
+
+    def holds(*others: SimpleNamespace, queued: tuple[SimpleNamespace, ...] = ()) -> bool:
+        worker = SimpleNamespace(waiting=collections.deque(queued), _stepped=stepped)
+        active = collections.deque((o, iter(())) for o in others)
+        return bool(Worker._holds_up(worker, job, active))  # type: ignore[arg-type]
+
+    assert not holds(cold, reply, answered)
+    assert holds(cold, hit) and holds(reply, fresh) and holds(cold, queued=(fresh,))
 
 
 class _Job:
@@ -135,7 +156,7 @@ def _contended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after=None):  # 
     """A fake runtime whose every step finds other clients waiting, with 256-token
     chunks and a 64-token tile; its prefills are noted as (tokens, ends) in the list
     returned, and ``after(calls, ends)`` runs after each. And a 700-word prompt."""
-    monkeypatch.setattr(Worker, "_clients_wait", lambda self, active: True)
+    monkeypatch.setattr(Worker, "_holds_up", lambda self, job, active: True)
     rt = fake_runtime(
         tmp_path,
         FakeOptions(prefill_delay=0.0),

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from ._sessions import SessionBook
 
 log = logging.getLogger(__name__)
-# while other requests' clients wait, a prompt's decodes hold at most this many tokens
-# (about half a second on a 2-core CPU), so a short one is not held up for seconds
+# while a client waits that would go first, a prompt's decodes hold at most this many
+# tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
 CONTENDED_BATCH_TOKENS = 128
 # and a longer batch goes in pieces of about this many (see Job._piece_end)
 CONTENDED_PIECE_TOKENS = 64
@@ -99,8 +99,9 @@ class Job:
         # whether its reply is being decoded
         self.to_prefill = 0
         self.streaming = False
-        # other requests' clients wait too: batches are merged less, so that the
-        # worker can turn to them sooner (set by the worker before each step)
+        # another client waits that would go first (a hit, a request not looked at
+        # yet): batches are merged less, so that the worker can turn to it sooner
+        # (set by the worker before each step: Worker._holds_up)
         self.contended = False
         # the conversation's next request is here: what is left of the reply (its
         # end-of-turn steps) is that request's own prefill (it continues in the same
@@ -267,9 +268,9 @@ class Job:
 
     def _piece_end(self, begun: int, have: int, ends: Sequence[int]) -> int:
         """Where the next decode of the prompt stops: the end of the group ``ends``;
-        but while other requests' clients wait, a batch of the long kind (one that
-        began at ``begun``) goes in pieces of about CONTENDED_PIECE_TOKENS, each of at
-        least ``Tuning.batch_tile`` tokens: every token then takes the tiled path it
+        but while another client waits that would go first, a batch of the long kind
+        (one that began at ``begun``) goes in pieces of about CONTENDED_PIECE_TOKENS, each
+        of at least ``Tuning.batch_tile`` tokens: every token then takes the tiled path it
         takes in the whole batch, with the same KV bits, and the worker turns to the
         others between pieces instead of after a whole chunk."""
         tile = self.env.tuning.batch_tile

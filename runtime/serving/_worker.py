@@ -35,8 +35,9 @@ T = TypeVar("T")
 Active = collections.deque[tuple[Job, Iterator[None]]]
 
 _WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
-# a reply being decoded waits at most about this long for its next token while other
-# requests' prompts are prefilled (a decode step is tens of milliseconds)
+# a reply being decoded waits about this long for its next token while other requests'
+# prompts are prefilled (a decode step is tens of milliseconds), or for the end of the
+# decode in progress when that is longer (a burst of cold prompts: see _holds_up)
 STALL_S = 0.25
 # and a prompt waits at most this long for its next batch while shorter ones go first
 STARVE_S = 5.0
@@ -190,6 +191,23 @@ class Worker:
         """(lock held) A request is queued, or one in ``active`` has a client waiting."""
         return bool(self.waiting) or any(not j.background for j, _ in active)
 
+    def _holds_up(self, job: Job, active: Active) -> bool:
+        """(lock held) Whether a long decode of ``job``'s prompt would hold up another
+        client's first token: a request is queued, or an admitted one not looked at yet
+        (either may be a hit), or one whose prompt has fewer tokens left to compute
+        (it goes first as soon as the worker turns: a hit is not held up by another's
+        cold prefill). Then ``job`` prefills in short decodes and pieces (see
+        ``Job.contended``). Prompts with as many tokens left or more would wait for it
+        anyway, and a reply being decoded gets its next token between two decodes: a
+        burst of cold prompts is prefilled in whole merged batches, as fast as alone."""
+        if self.waiting:
+            return True
+        return any(
+            not (other.background or other.streaming)
+            and (id(other) not in self._stepped or other.to_prefill < job.to_prefill)
+            for other, _ in active
+        )
+
     def _set_busy(self, busy: bool) -> None:
         """(lock held) Tells ``on_busy`` when a client starts or stops waiting."""
         if busy != self._busy and self._on_busy is not None:
@@ -245,7 +263,7 @@ class Worker:
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
         with self._cv:  # (enqueue changes waiting under the lock)
-            job.contended = self._clients_wait(active)
+            job.contended = self._holds_up(job, active)
         background = job.background and self._mark_background(True)
         with self._cv:
             self._stepping = job
