@@ -513,13 +513,16 @@ class LlamaEngine(Residents):
         """Does a token get the same KV bytes in every batch of at least ``tile``
         tokens, whatever its size and where it starts, and in every batch of 2 to
         ``tile - 1``? (llama.cpp's CPU flash attention takes a tiled path from 64 query
-        tokens up and a per-row one below it, and neither depends on the batch's size.)
-        Checked on one prompt prefilled twice: long then short batches of two sizes."""
-        longer = 2 * tile + tile // 2 + 7  # neither a multiple of tile nor of its pieces
+        tokens up, from 8 in warmstart's build, and a per-row one below it, and neither
+        depends on the batch's size.) Checked on one prompt prefilled twice: long then
+        short batches of two sizes, the long one past 64 whatever ``tile`` is."""
+        # neither a multiple of 64 nor of the pieces, and longer than upstream's tile
+        longer = 2 * 64 + 64 // 2 + 7
         res, ids = self.residents[self._probe_seq()], self._probe_ids("kinds", longer + tile - 1)
         whole = self._probe_kv(res, ids, [longer, tile - 1])
-        # the long part as tile and the rest, the short one as 2, tile // 6 and the rest
-        pieces = [tile, longer - tile, 2, tile // 6, tile - 3 - tile // 6]
+        # the long part as tile and the rest, the short one as 2, a few and the rest
+        few = max(2, tile // 6)
+        pieces = [tile, longer - tile, 2, few, tile - 3 - few]
         same = np.array_equal(self._probe_kv(res, ids, pieces), whole)
         self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same

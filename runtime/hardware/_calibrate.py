@@ -46,10 +46,13 @@ _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
 # for another batch size); MERGE_MAX is llama.cpp's default micro-batch, as
 # llama-server prefills. Each size is checked against one batch of MERGE_MAX.
 MERGE_SIZES, MERGE_MAX = (64, 128, 256), 512
-# llama.cpp's CPU flash attention computes 64 query tokens or more in tiles, fewer a
-# row at a time: where neither path depends on the batch's size, a batch's kind (at
-# least this long, or shorter) is all its tokens' KV bits depend on
+# llama.cpp's CPU flash attention computes a batch of enough query tokens in tiles,
+# fewer a row at a time: from 64 upstream (BATCH_TILE), from 8 in the build warmstart
+# compiles (installers/llama_wheel.py, SHORT_TILES). Where neither path depends on the
+# batch's size, a batch's kind (at least the tile long, or shorter) is all its tokens'
+# KV bits depend on; the first of BATCH_TILES that holds is kept
 BATCH_TILE = 64
+BATCH_TILES = (8, BATCH_TILE)
 CALIBRATION_FILE_BYTES = 64 * MiB
 # a spinning disk's figures: unmeasured, the disk tier must not look better than it is
 ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
@@ -226,7 +229,7 @@ def calibrate(
     blob, get_gbps, set_gbps, state_fixed = _measure_state(target, long)
     say("batch invariance", 0.6)
     merge_units = target.invariant_units(MERGE_MAX, MERGE_SIZES)
-    batch_tile = BATCH_TILE if target.batch_kinds(BATCH_TILE) else 0
+    batch_tile = next((t for t in BATCH_TILES if target.batch_kinds(t)), 0)
     say("RAM copy", 0.65)
     ram = ram_copy_gbps()
     say("host<->device copies", 0.7)

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from installers import llama_wheel
+
 REPO = Path(__file__).resolve().parents[2]
-LLAMA_WHEEL = "llama_cpp_python-0.3.36-*.whl"
+LLAMA_WHEEL = "llama_cpp_python-0.3.36+warmstart.*.whl"  # warmstart's build
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -35,10 +37,11 @@ def need_root() -> None:
 
 def seed_wheel_cache(home: Path) -> Path:
     """``home``'s wheel cache holding the CPU wheel, as ``make`` leaves it."""
-    folder = home / ".cache/warmstart/llama-wheels/cpu"
+    folder = home / ".cache/warmstart/llama-wheels" / llama_wheel.build_key("")
     folder.mkdir(parents=True, exist_ok=True)
     wheel = folder / cached_llama_wheel().name
     shutil.copyfile(cached_llama_wheel(), wheel)
+    (folder / llama_wheel.FLAGS_FILE).write_text(llama_wheel.recorded("") + "\n")
     return wheel
 
 
@@ -51,7 +54,8 @@ def _pip_caches() -> list[Path]:
 
 def cached_llama_wheel() -> Path:
     """The llama-cpp-python CPU wheel the developer's venv was installed from, or skip."""
-    made = sorted((Path.home() / ".cache/warmstart/llama-wheels/cpu").glob(LLAMA_WHEEL))
+    folder = Path.home() / ".cache/warmstart/llama-wheels" / llama_wheel.build_key("")
+    made = sorted(folder.glob(LLAMA_WHEEL))
     if made:
         return made[-1]
     for cache in _pip_caches():
