@@ -221,6 +221,20 @@ def _calibrated_tile(make_runtime, tmp_path: Path) -> int:  # type: ignore[no-un
     pytest.skip("this machine's kernels round a token by its batch's size")
 
 
+def test_the_build_tiles_short_batches(make_runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The llama.cpp the project's installers build (installers/llama_wheel.py) carries
+    warmstart's tag and computes a batch of 8 to 63 tokens in flash-attention tiles,
+    with the bytes a long batch gives (upstream's computes it a row at a time, about a
+    decode step a token): the calibration then finds a tile of 8."""
+    import llama_cpp
+
+    from installers.llama_wheel import PATCH_TAG
+
+    assert llama_cpp.__version__.endswith(f"+warmstart.{PATCH_TAG}"), llama_cpp.__version__
+    rt = make_runtime(tmp_path)
+    assert rt.on_worker(lambda: rt.engine.batch_kinds(8))
+
+
 @pytest.mark.parametrize("chunk", [64, 128])
 def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path, chunk) -> None:  # type: ignore[no-untyped-def]
     """Where the calibration found that a token's KV bits depend only on its batch's
