@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from installers.llama_wheel import FLAGS_FILE
+
 from .helpers import (
     SYSTEM_PATH,
     chown_tree,
@@ -105,6 +107,7 @@ def test_install_ask_upgrade_uninstall_purge(desktop: Desktop) -> None:
     # the wheel cache the test seeded (as `make run` leaves it) is shared, and stays
     wheels = desktop.wheel.relative_to(desktop.home)
     seeded = {str(p) for p in (wheels, *wheels.parents) if str(p) != "."}
+    seeded.add(str(wheels.parent / FLAGS_FILE))  # what it was built with
     assert "kept the compiled llama-cpp-python" in out
     assert set(left) - set(user_data) - seeded == {
         ".local",
@@ -136,7 +139,8 @@ def test_fresh_install_takes_the_cached_wheel_and_a_second_reuses_it(desktop: De
     cache = desktop.wheel.parent
     assert f"reusing the compiled llama-cpp-python 0.3.36 in {cache}" in first.stderr
     assert "compiling" not in first.stdout + first.stderr
-    assert sorted(p.name for p in cache.iterdir()) == [desktop.wheel.name]  # nothing built
+    # nothing built: the wheel and the record of its flags and patch, as seeded
+    assert sorted(p.name for p in cache.iterdir()) == sorted([FLAGS_FILE, desktop.wheel.name])
     build = (desktop.data / "warmstart/venv/.warmstart-build").read_text()
     assert build.split() == ["cpu", "llama-cpp-python==0.3.36", desktop.wheel.name]
     assert desktop.warmstart("--version").stdout.strip()
