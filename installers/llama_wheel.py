@@ -101,8 +101,8 @@ def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def cached_wheel(folder: Path, version: str, flags: str) -> Path | None:
-    """The folder's wheel of ``version``, if it was built with ``flags``. Folders
-    older than the flags file hold the CPU build only (the Makefile's first ones)."""
+    """The folder's wheel of ``version``, if it was built with ``flags`` and this
+    patch (its FLAGS_FILE says so: a folder without one holds upstream's build)."""
     kept = folder / FLAGS_FILE
     built_with = kept.read_text().strip() if kept.is_file() else ""
     if normal_flags(built_with) != recorded(flags):

@@ -62,6 +62,10 @@ def _meta_items(model: LlamaModel) -> list[tuple[str, str]]:
     return out
 
 
+# llama.cpp's CPU flash attention tiles a batch from this many query tokens up
+_UPSTREAM_TILE = 64
+
+
 def fingerprint_of(model: LlamaModel, digest: str, type_kv: str, flash_attn: str) -> str:
     """Everything a KV blob depends on; a blob never crosses a change in any of it.
     Computable before any context exists (the calibration cache is keyed by it)."""
@@ -516,8 +520,8 @@ class LlamaEngine(Residents):
         tokens up, from 8 in warmstart's build, and a per-row one below it, and neither
         depends on the batch's size.) Checked on one prompt prefilled twice: long then
         short batches of two sizes, the long one past 64 whatever ``tile`` is."""
-        # neither a multiple of 64 nor of the pieces, and longer than upstream's tile
-        longer = 2 * 64 + 64 // 2 + 7
+        # neither a multiple of upstream's tile nor of the pieces, and past that tile
+        longer = 2 * _UPSTREAM_TILE + _UPSTREAM_TILE // 2 + 7
         res, ids = self.residents[self._probe_seq()], self._probe_ids("kinds", longer + tile - 1)
         whole = self._probe_kv(res, ids, [longer, tile - 1])
         # the long part as tile and the rest, the short one as 2, a few and the rest

@@ -48,7 +48,7 @@ _PREFILL_BUDGET_S = 3.0  # the long prefill may take about this long
 MERGE_SIZES, MERGE_MAX = (64, 128, 256), 512
 # llama.cpp's CPU flash attention computes a batch of enough query tokens in tiles,
 # fewer a row at a time: from 64 upstream (BATCH_TILE), from 8 in the build warmstart
-# compiles (installers/llama_wheel.py, SHORT_TILES). Where neither path depends on the
+# compiles (installers/llama_wheel.py, SOURCE_PATCHES). Where neither path depends on the
 # batch's size, a batch's kind (at least the tile long, or shorter) is all its tokens'
 # KV bits depend on; the first of BATCH_TILES that holds is kept
 BATCH_TILE = 64
