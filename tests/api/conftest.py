@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,16 +64,33 @@ def is_fake(server_cmd: list[str]) -> bool:
     return "--fake" in server_cmd
 
 
+# A hang guard in wall seconds: a server that waits on nothing uses no CPU, so its
+# CPU budget alone would never run out.
+HANG_FACTOR = 10
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system + times.children_user + times.children_system)
+
+
 def _wait_healthy(server: Server, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Until /health answers. ``timeout_s`` counts the server's own CPU seconds, not
+    the wall clock's: loading and calibrating is a fixed amount of work, which takes
+    several times as long on a machine whose cores other work shares."""
+    process = psutil.Process(server.process.pid)
+    wall_deadline = time.monotonic() + HANG_FACTOR * timeout_s
+    while time.monotonic() < wall_deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited early:\n{server.log()}")
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(server.base_url + "/health", timeout=1.0).status_code == 200:
                 return
+        with contextlib.suppress(psutil.Error):  # it may have exited since the poll
+            if _cpu_seconds(process) > timeout_s:
+                break
         time.sleep(0.1)
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{server.log()}")
+    raise RuntimeError(f"server not healthy after {timeout_s} s of its CPU:\n{server.log()}")
 
 
 @contextlib.contextmanager
@@ -85,7 +103,8 @@ def run_server(
     env: dict[str, str] | None = None,
     preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[Server]:
-    """Starts a server on a free loopback port, waits for /health, stops it after.
+    """Starts a server on a free loopback port, waits for /health (``start_timeout_s``:
+    seconds of the server's CPU, see _wait_healthy), stops it after.
     Its output goes to ``server.log`` in ``log_dir`` (default: a temporary one);
     ``env`` adds environment variables (settings as ``WARMSTART_<NAME>``)."""
     port = free_port()

@@ -9,8 +9,8 @@ test_slow_bodies.py).
   client leaves the server's CPU time (psutil) shows the core free within 5 s.
 - SIGTERM during a long embedding ends the process promptly, even in the middle of a
   text of 1,500 tokens (llama.cpp's abort callback).
-- 300 connections from 127.0.0.2 that trickle their bodies leave /health (under 1 s)
-  and chat (near its baseline) answering for 127.0.0.1.
+- 300 connections from 127.0.0.2 that trickle their bodies leave /health (faster than a
+  chat without them) and chat (within 3x of that) answering for 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from warmstart.runtime._embed_queue import MAX_EMBED_TOKENS
 
 from tests.api.conftest import Server, run_server
 from tests.api.slowbody import SlowBodies
+from tests.timing import median, slowest, timed
 
 pytestmark = pytest.mark.slow
 
@@ -149,32 +150,36 @@ def test_an_abandoned_embedding_frees_the_core_and_chat_is_answered(real: Server
 
 
 def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
+    """Bounded by the same chat measured without the attack just before it (its
+    slowest of three, so the machine's present load is in the bound), compared with
+    the median under attack, so that one request preempted by other work on a busy
+    machine does not decide; a server whose slots the attack took would hang every
+    request, not one."""
     chat = lambda: httpx.post(real.v1 + "/chat/completions", json=CHAT, timeout=60)  # noqa: E731
-    t0 = time.monotonic()
-    assert chat().status_code == 200
-    baseline = time.monotonic() - t0
+    health = lambda: httpx.get(real.base_url + "/health", timeout=30)  # noqa: E731
+    assert chat().status_code == 200  # the first one warms the prompt's cache
+    baseline = slowest(chat)
     port = int(real.base_url.rsplit(":", 1)[1])
-    worst_health = worst_chat = 0.0
+    healths: list[float] = []
+    chats: list[float] = []
     with SlowBodies(port, count=300) as attack:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            t0 = time.monotonic()
-            assert httpx.get(real.base_url + "/health", timeout=5).status_code == 200
-            worst_health = max(worst_health, time.monotonic() - t0)
-            t0 = time.monotonic()
-            assert chat().status_code == 200
-            worst_chat = max(worst_chat, time.monotonic() - t0)
+        while time.monotonic() < deadline or len(chats) < 5:
+            took, reply = timed(health)
+            assert reply.status_code == 200
+            healths.append(took)
+            took, reply = timed(chat)
+            assert reply.status_code == 200
+            chats.append(took)
     log.warning(
-        "under 300 slow bodies (%d connections opened): /health at worst %.3f s; chat "
-        "%.2f s (baseline %.2f s)",
-        attack.opened,
-        worst_health,
-        worst_chat,
-        baseline,
+        "under 300 slow bodies (%d connections opened): /health median %.3f s, worst %.3f "
+        "s; chat median %.2f s, worst %.2f s (%d chats; baseline %.2f s)",
+        *(attack.opened, median(healths), max(healths), median(chats), max(chats)),
+        *(len(chats), baseline),
     )
     assert attack.opened >= 300  # the attack was at full strength
-    assert worst_health < 1.0
-    assert worst_chat < 3 * baseline + 5.0, (baseline, worst_chat)
+    assert median(healths) < baseline, (baseline, healths)  # no model work in /health
+    assert median(chats) < 3 * baseline, (baseline, chats)
 
 
 def test_sigterm_during_a_long_embedding_ends_the_process(model_path: Path, tmp_path: Path) -> None:
