@@ -17,7 +17,9 @@ from installers.gpu import synth_gguf
 @pytest.fixture(scope="module")
 def lead_byte_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("lcp") / "smollm2-shaped.gguf"
-    return synth_gguf.write(path, synth_gguf.GEOMETRIES["smollm2-135m"])
+    # the weights drawn with this seed answer so (the draw depends on the vocabulary's
+    # size: another seed was needed when the chat markup's control tokens came in)
+    return synth_gguf.write(path, synth_gguf.GEOMETRIES["smollm2-135m"], seed=3)
 
 
 def test_the_comparison_reply_stops_at_its_tokens(lead_byte_model: Path) -> None:

@@ -76,7 +76,9 @@ def test_the_scenario_table_has_every_case_and_the_ratio() -> None:
         " warmstart-fresh ",
         " warmstart / llama-server ",
     ]  # hearth was left out, so it has no column
-    assert len(lines) == 2 + len(_peers.SCENARIO_ROWS) + 2
+    # every row but turn 3, the long document's case, which none of them ran
+    assert len(lines) == 2 + len(_peers.SCENARIO_ROWS) - 1 + 2
+    assert not any("turn 3" in x for x in lines)
     cold = lines[2].split("|")
     assert cold[2].strip() == "1.000 s" and cold[-2].strip() == "0.50"
     restart = next(x for x in lines if x.startswith("| after a restart: turn 2"))
@@ -161,7 +163,7 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     # every reply of several pieces has its longest pause between two of them
     assert len(trace.pauses) == plan.requests and all(0 <= x < 60 for x in trace.pauses)
     table = _peers.scenario_table({"fake": replies}, ["fake"])
-    assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS)
+    assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS if "turn 3" not in name)
     assert "| P99 TTFT |" in _peers.trace_table({"fake": trace}, plan)
 
 
@@ -173,6 +175,33 @@ def test_turn_2_goes_out_right_after_the_step_before_it() -> None:
     pairs = [["A after B", "A turn 2"], ["A again 2", "A turn 2 #2"], ["A again 3", "A turn 2 #3"]]
     assert all(pair in labels for pair in pairs)
     assert all(len(b) == 1 for b in labels if b not in pairs)
+
+
+def test_the_long_document_sends_three_turns_at_once() -> None:
+    """The long-document variant: ~6,000-token system prompts, and turn 3 goes out the
+    moment turn 2's reply ends, with both turns before it in its history."""
+    long, short = _peers.Prompts.make(False, long=True), _peers.Prompts.make(False)
+    assert long.turns == 3 and len(long.a) > 3 * len(short.a)
+    steps = _peers.first_process_steps(long)
+    labels = [[label for label, _ in b] for b in _peers.blocks(steps)]
+    assert ["A after B", "A turn 2", "A turn 3"] in labels
+    replies = {"A cold": _reply(1.0), "A turn 2": Reply(1.0, 30.0, 16, 100, 0, "two")}
+    third = dict(steps)["A turn 3"](replies)
+    assert [m["content"] for m in third[1:-1]] == [
+        _peers.QUESTIONS[0],
+        "x",
+        _peers.FOLLOW_UPS[0],
+        "two",
+    ]
+    assert "A turn 3" not in _peers.FIRST_LABELS  # the usual scenario has two turns
+
+
+def test_prompts_are_sized_in_tokens_for_the_model() -> None:
+    """A synthetic model's byte vocabulary takes far fewer characters a token."""
+    ours = _peers.Prompts.make(False)
+    synthetic = _peers.Prompts.make(False, chars_per_token=_peers.SYNTHETIC_CHARS_PER_TOKEN)
+    assert 7_000 < len(ours.a) < 7_800 and 1_200 < len(synthetic.a) < 1_450
+    assert len(_peers.Prompts.make(False, 600).a) < len(ours.a) / 2
 
 
 def test_each_turn_2_follows_the_first_reply_with_a_follow_up_of_its_own() -> None:

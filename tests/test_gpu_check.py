@@ -40,7 +40,7 @@ def test_one_layer_of_the_8b_geometry_loads_with_its_shapes(tmp_path: Path) -> N
     model = LlamaModel(synth_gguf.write(tmp_path / "8b-1.gguf", one))
     try:
         assert (model.n_embd, model.n_head, model.n_head_kv, model.n_layer) == (4096, 32, 8, 1)
-        assert model.n_vocab == 259 and model.chat_template() == synth_gguf.CHAT_TEMPLATE
+        assert model.n_vocab == 262 and model.chat_template() == synth_gguf.CHAT_TEMPLATE
         # every text tokenizes: byte fallback, <s> first
         assert model.tokenize("Hi é", add_special=True)[:3] == [1, 3 + 0xE2, 3 + 0x96]
     finally:

@@ -1,6 +1,7 @@
-"""Writes the GPU check's synthetic model (the writer is runtime/models/_synthetic.py).
+"""Writes the GPU check's synthetic model (runtime/models/_synthetic.py: `make
+bench-peers` makes the same ones, as ``--model synth:NAME``).
 
-    python installers/gpu/synth_gguf.py OUT.gguf [--geometry llama-8b|tiny]
+    python installers/gpu/synth_gguf.py OUT.gguf [--geometry llama-8b|llama-1b|tiny]
 """
 
 from __future__ import annotations

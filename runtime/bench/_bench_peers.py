@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import PeerError, WarmstartError
+from ..models import synthetic_name
 from . import _peers
 from ._builds import LLAMA_BUILD, build_llama_server, install_hearth, llama_server_binary
 from ._servers import Server, running, server_env
@@ -120,7 +121,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--model",
         default="default",
-        help="a GGUF file, or a catalogue name pulled as warmstart would",
+        help="a GGUF file, a catalogue name pulled as warmstart would, or a model of a real "
+        "shape with random weights, written on first use into --cache/models: "
+        "synth:llama-1b (Llama-3.2-1B's), synth:llama-8b (Llama-3-8B's)",
     )
     p.add_argument(
         "--llama-server",
@@ -152,6 +155,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "it; warmstart's is its --flash-attn, passed in --warmstart-args)",
     )
     p.add_argument("--quick", action="store_true", help="short prompts and a short trace")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help=f"the long-document variant: system prompts of ~{_peers.LONG_TOKENS:,} tokens, "
+        "and a third turn sent the moment the second reply ends",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help=f"about how many tokens each system prompt has (default {_peers.PROMPT_TOKENS:,}; "
+        f"--quick {_peers.QUICK_TOKENS}, --long {_peers.LONG_TOKENS:,})",
+    )
     only = p.add_mutually_exclusive_group()
     only.add_argument("--no-trace", action="store_true", help="the session scenario only")
     only.add_argument("--trace-only", action="store_true", help="the trace only")
@@ -170,12 +186,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def resolve_model(name: str) -> Path:
+def resolve_model(name: str, cache: Path = CACHE) -> Path:
     if Path(name).expanduser().is_file():
         return Path(name).expanduser().resolve()
-    from ..models import ModelManager
+    from ..models import ModelManager, synthetic_model
     from ..settings import load_settings
 
+    geometry = synthetic_name(name)
+    if geometry is not None:
+        return synthetic_model(geometry, cache / "models")
     return ModelManager(load_settings().models_dir).pull(name)
 
 
@@ -198,7 +217,7 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
             log.warning("hearth-llm left out: %s", exc)
             args.systems.remove("hearth")
     extra = shlex.split(args.warmstart_args)
-    model = resolve_model(args.model)
+    model = resolve_model(args.model, args.cache)
     return Setup(model, args.threads, extra, binary, hearth, args.llama_server_fa)
 
 
@@ -221,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace) -> str:
     """Every system's scenario, then the trace of llama-server and warmstart: the tables."""
     setup = resolve_setup(args)
-    prompts, plan = _peers.Prompts.make(args.quick), _peers.TracePlan.make(args.quick)
+    synthetic = synthetic_name(args.model) is not None
+    per = _peers.SYNTHETIC_CHARS_PER_TOKEN if synthetic else _peers.CHARS_PER_TOKEN
+    prompts = _peers.Prompts.make(args.quick, args.prompt_tokens, per, args.long)
+    plan = _peers.TracePlan.make(args.quick, per)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         scen: dict[str, dict[str, _peers.Reply]] = {}
         if not args.trace_only:

@@ -187,17 +187,36 @@ def _reply(
 
 
 # the session scenario --------------------------------------------------------------------
+# the handbook's characters a token, as the default model (SmolLM2) tokenizes it; a
+# synthetic model's byte vocabulary takes each byte as a token, and a space as three
+CHARS_PER_TOKEN = 4.1
+SYNTHETIC_CHARS_PER_TOKEN = 0.73
+PROMPT_TOKENS = 1_800  # the issue's case; --quick: a few hundred
+QUICK_TOKENS = 300
+LONG_TOKENS = 6_000  # the long-document variant
+
+
 @dataclass(frozen=True)
 class Prompts:
     a: str
     b: str
     max_tokens: int
+    turns: int = 2  # A's turns sent back to back, each the moment the last reply ends
 
     @classmethod
-    def make(cls, quick: bool) -> Prompts:
-        # ~1,800 tokens of system prompt (the issue's case); --quick: a few hundred
-        chars = 1_200 if quick else 7_400
-        return cls(document(1, chars), document(2, chars), 16 if quick else 64)
+    def make(
+        cls,
+        quick: bool,
+        tokens: int | None = None,
+        chars_per_token: float = CHARS_PER_TOKEN,
+        long: bool = False,
+    ) -> Prompts:
+        """System prompts A and B of about ``tokens`` tokens each (by default the issue's
+        case; ``long``: a long document, and three turns of A sent at once)."""
+        tokens = tokens or (QUICK_TOKENS if quick else LONG_TOKENS if long else PROMPT_TOKENS)
+        chars = round(tokens * chars_per_token)
+        turns = 3 if long else 2
+        return cls(document(1, chars), document(2, chars), 16 if quick else 64, turns)
 
 
 Step = tuple[str, Callable[[dict[str, Reply]], Messages]]
@@ -213,6 +232,7 @@ def first_process_steps(p: Prompts) -> list[Step]:
         ("B cold", lambda r: conversation(p.b, "Summarise the handbook.")),
         ("A after B", lambda r: conversation(p.a, q1)),
         ("A turn 2", _following(p.a, q1, FOLLOW_UPS[0])),
+        *((("A turn 3", _third(p.a, q1, FOLLOW_UPS[0], QUESTIONS[2])),) if p.turns > 2 else ()),
         # turn 2 again, each time right after the same first reply (a live repeat)
         *(
             step
@@ -240,6 +260,15 @@ def _following(
     return lambda r: conversation(system, follow_up, [(question, r["A cold"].text)])
 
 
+def _third(
+    system: str, question: str, follow_up: str, third: str
+) -> Callable[[dict[str, Reply]], Messages]:
+    """Turn 3: the first two turns as they were answered, and another question."""
+    return lambda r: conversation(
+        system, third, [(question, r["A cold"].text), (follow_up, r["A turn 2"].text)]
+    )
+
+
 LATER_Q = tuple(f"{label} after restart" for label in OTHER_Q[: len(LATER_QUESTIONS)])
 
 
@@ -260,7 +289,7 @@ def restart_steps(p: Prompts) -> list[Step]:
 
 
 # steps sent the moment the one before them ends, on the same server
-AT_ONCE = frozenset(TURN_2)
+AT_ONCE = frozenset((*TURN_2, "A turn 3"))
 
 
 def blocks(steps: list[Step]) -> list[list[Step]]:
@@ -299,12 +328,13 @@ class TracePlan:
     max_tokens: int
 
     @classmethod
-    def make(cls, quick: bool) -> TracePlan:
+    def make(cls, quick: bool, chars_per_token: float = CHARS_PER_TOKEN) -> TracePlan:
         # 4 clients x 3 chats: 12 conversations of ~400-token system prompts, more than
         # the 4 that each server keeps live in the same total context
+        scale = chars_per_token / CHARS_PER_TOKEN
         if quick:
-            return cls(clients=4, chats=2, turns=2, system_chars=400, max_tokens=8)
-        return cls(clients=4, chats=3, turns=3, system_chars=1_600, max_tokens=16)
+            return cls(clients=4, chats=2, turns=2, system_chars=round(400 * scale), max_tokens=8)
+        return cls(clients=4, chats=3, turns=3, system_chars=round(1_600 * scale), max_tokens=16)
 
     @property
     def requests(self) -> int:
@@ -401,6 +431,7 @@ SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
         f"turn 2 (whole history + follow-up) sent right after the reply (median of {len(TURN_2)})",
         TURN_2,
     ),
+    ("turn 3 sent right after turn 2's reply (the long document)", "A turn 3"),
     (f"same system prompt, another question (median of {len(OTHER_Q)})", OTHER_Q),
     ("after a restart: the same request", "A after restart"),
     ("after a restart: turn 2", "A turn 2 after restart"),
@@ -408,6 +439,7 @@ SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
     (f"after a restart: another question (median of {len(LATER_Q)})", LATER_Q),
 ]
 FIRST_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0))]
+LONG_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0, turns=3))]
 RESTART_LABELS = [label for label, _ in restart_steps(Prompts("", "", 0))]
 
 
@@ -449,10 +481,12 @@ def scenario_table(
     rows = []
     for name, case in SCENARIO_ROWS:
         vals = {s: _ttft(results[s], case) for s in shown}
+        if all(v is None for v in vals.values()):
+            continue  # a case of another variant (turn 3 is the long document's)
         row = [name, *(_cell(vals[s]) for s in shown)]
         rows.append(row + ([_ratio(vals[ratio[0]], vals[ratio[1]])] if with_ratio else []))
     for name, labels in (
-        ("decode, tok/s (first process)", FIRST_LABELS),
+        ("decode, tok/s (first process)", LONG_LABELS),
         ("decode, tok/s (after restart)", RESTART_LABELS),
     ):
         vals_d = {s: decode_rate(results[s], labels) for s in shown}

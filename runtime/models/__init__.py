@@ -1,5 +1,6 @@
 """Model files: the catalogue of known GGUFs, downloads (resumable, verified), the
-installed models and what their GGUF headers say."""
+installed models and what their GGUF headers say; synthetic models of real shapes
+(random weights) for the benchmarks."""
 
 from ._catalogue import available_rows, fit, fit_bytes, load_catalogue
 from ._installed import (
@@ -13,6 +14,7 @@ from ._installed import (
 )
 from ._manager import KNOWN, DigestCache, ModelManager, known_names, with_default
 from ._pull import Watch
+from ._synthetic import synthetic_model, synthetic_name
 
 __all__ = [
     "KNOWN",
@@ -31,5 +33,7 @@ __all__ = [
     "load_catalogue",
     "model_name",
     "needs_bytes",
+    "synthetic_model",
+    "synthetic_name",
     "with_default",
 ]
