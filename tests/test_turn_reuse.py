@@ -11,12 +11,13 @@ including when a step is sent the moment the previous reply ends.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 
 import pytest
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
 
-from tests.conftest import SYSTEM
+from tests.conftest import SYSTEM, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -225,3 +226,44 @@ def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
     assert again.content == _reply(oracle, second)[0].content
     reply_ends = _history_tokens(rt, second.messages[:-1], second) - 2  # (its markup)
     assert cached >= reply_ends - 1 and cached >= len(rt.engine.prompt_ids(first)[0]) + 5
+
+
+@pytest.mark.parametrize("step_replies", [True, False], ids=["stepped", "re-prefilled"])
+@pytest.mark.parametrize("interrupted", [False, True], ids=["at-once", "settle-interrupted"])
+def test_a_repeat_of_the_request_just_answered_decodes_nothing(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path, step_replies: bool, interrupted: bool
+) -> None:
+    """Sent the moment the reply ends, the same request again is a live hit of its whole
+    prompt and decodes nothing of it (counted, not timed: at 1B a decode of the
+    prompt's last two tokens is 0.2 s), also when another chat's request stopped the
+    decode that settles the reply (the settle is redone after it, and keeps the
+    prompt's own last batches and logits)."""
+    rt = make_runtime(tmp_path / "cached", step_replies=step_replies)
+    request = _chat((SYSTEM, Message("user", "Name a colour.")))
+    other = _chat((Message("system", "You are terse."), Message("user", "Count to five.")))
+    n_ids = len(rt.engine.prompt_ids(request)[0])
+    decodes: list[tuple[int, int]] = []  # (sequence, where the decode ends) of every decode
+    others: list[Message] = []
+    prefill = rt.engine.prefill
+
+    def counted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        settling = not want_logits and len(res.tokens) >= n_ids  # the reply is in
+        if interrupted and settling and not others:  # its settle's first decode
+            others.append(Message("assistant", ""))
+            threading.Thread(target=lambda: others.append(_reply(rt, other, False)[0])).start()
+            assert wait_for(lambda: bool(rt.worker.waiting), 30)  # its enqueue stops this
+        decodes.append((res.seq, len(res.tokens) + len(tokens)))
+        return prefill(res, tokens, want_logits, ends)
+
+    rt.engine.prefill = counted
+    first, _ = _reply(rt, request, wait=False)
+    seq = next(s for s, end in decodes if end == n_ids)  # where its prompt's last batch went
+    if interrupted:
+        assert wait_for(lambda: len(others) == 2, 120) and rt.engine.interruptions > 0
+    before = len(decodes)
+    *tokens, done = rt.generate(request)
+    rt.wait_idle()
+    # its sequence decoded only its reply's tokens (each past the prompt's end)
+    assert all(end > n_ids for s, end in decodes[before:] if s == seq), decodes[before:]
+    assert isinstance(done, Done) and done.report.restored["live"] == n_ids, done.report
+    assert "".join(t.text for t in tokens) == first.content  # type: ignore[union-attr]

@@ -27,13 +27,16 @@ def estimate_restore_ms(nbytes: int, tier: str, rates: Rates) -> float:
 
 
 def decide_restore(
-    tokens: int, nbytes: int, tier: str, threshold_tokens: int, rates: Rates
+    tokens: int, nbytes: int, tier: str, threshold_tokens: int, rates: Rates, live: int = 0
 ) -> Decision:
     """Restore ``tokens`` cached tokens (``nbytes`` of KV, slowest source ``tier``)
     only when they reach the swap-in threshold and restoring is estimated faster
-    than recomputing them."""
+    than recomputing them. ``live``: how many tokens before them the sequence already
+    holds; a restore loads them too (a blob replaces what a sequence holds), so
+    ``nbytes`` covers all of it, and the reason says how many tokens are loaded."""
     restore_ms = estimate_restore_ms(nbytes, tier, rates)
     recompute_ms = estimate_recompute_ms(tokens, rates)
+    loaded = f"{live + tokens} tokens" + (f" ({tokens} beyond the {live} live)" if live else "")
     if tokens <= 0:
         return Decision(False, "no cached prefix", restore_ms, recompute_ms)
     if tokens < threshold_tokens:
@@ -46,15 +49,15 @@ def decide_restore(
     if restore_ms >= recompute_ms:
         return Decision(
             False,
-            f"restoring {tokens} tokens from {tier} (~{restore_ms:.1f} ms) is not faster "
-            f"than recomputing them (~{recompute_ms:.1f} ms)",
+            f"restoring {loaded} from {tier} (~{restore_ms:.1f} ms) is not faster "
+            f"than recomputing {tokens} (~{recompute_ms:.1f} ms)",
             restore_ms,
             recompute_ms,
         )
     return Decision(
         True,
-        f"restore {tokens} tokens from {tier} (~{restore_ms:.1f} ms) "
-        f"instead of recomputing (~{recompute_ms:.1f} ms)",
+        f"restore {loaded} from {tier} (~{restore_ms:.1f} ms) "
+        f"instead of recomputing {tokens} (~{recompute_ms:.1f} ms)",
         restore_ms,
         recompute_ms,
     )

@@ -330,6 +330,7 @@ class Job:
             plan.slowest,
             self.env.tuning.swap_in_threshold_tokens,
             self.env.rates,
+            live,
         )
         self.report.decision = decision.reason
         if not decision.restore:

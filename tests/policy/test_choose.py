@@ -311,3 +311,18 @@ def test_the_memory_floor_is_the_reserve_left_to_the_os(machine: str) -> None:
     pinned = profile.offloads and profile.backend == "cuda"
     said = "pinned pages can be neither swapped nor given back" in t.reasons["memory_floor_bytes"]
     assert said == pinned
+
+
+def test_a_restores_reason_counts_every_token_it_loads() -> None:
+    """A blob replaces what a sequence holds: a restore beyond a live prefix loads the
+    live tokens too, and its reason says so (a 1B run read "restore 16 tokens" while
+    1,936 were loaded)."""
+    from warmstart.runtime.policy import Rates, decide_restore
+
+    rates = Rates(prefill_tps=80.0, tier_gbps={"ram": 7.0}, fixed_ms={"ram": 0.1})
+    d = decide_restore(16, 1_936 * 32_780, "ram", 0, rates, live=1_920)
+    assert d.restore and d.reason.startswith("restore 1936 tokens (16 beyond the 1920 live)")
+    assert "recomputing 16" in d.reason
+    assert decide_restore(512, 512 * 32_780, "ram", 0, rates).reason.startswith(
+        "restore 512 tokens from ram"
+    )
