@@ -206,6 +206,11 @@ class Settings(BaseSettings):
     api_key_file: Path | None = Field(
         None, description="a file holding the Bearer key (kept off the command line)"
     )
+    keys_file: Path | None = Field(
+        None,
+        description="the household's keys, one per person (`warmstart keys add NAME`; "
+        "default: keys.json in the data dir); read again when it changes or on SIGHUP",
+    )
     allowed_hosts: tuple[str, ...] = Field(
         (),
         description="Host names accepted besides loopback ('*.lan' matches a suffix, "
@@ -310,6 +315,10 @@ class Settings(BaseSettings):
     @property
     def effective_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
+
+    @property
+    def effective_keys_file(self) -> Path:
+        return self.keys_file if self.keys_file is not None else self.data_dir / "keys.json"
 
     @property
     def models_dir(self) -> Path:

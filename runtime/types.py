@@ -87,6 +87,11 @@ class Request:
     # more than one call in a reply: off unless asked, as in llama.cpp (a small model
     # repeats its call until max_tokens)
     parallel_tool_calls: bool = False
+    # whose request it is (runtime/users.py Caller): ``owner`` scopes the conversation
+    # and its stored responses, ``cache_scope`` the KV cache it may reuse and feeds
+    # (the user's salt and the request's cache_salt); "" both: a single-user install
+    owner: str = ""
+    cache_scope: str = ""
 
     @property
     def uses_tools(self) -> bool:

@@ -10,6 +10,7 @@ import anyio.to_thread
 from ..serving import Admitted, Runtime
 from ..types import Request
 from ._errors import APIError
+from ._middleware import CALLER
 from ._schemas import DEFAULT_MAX_TOKENS
 from ._state import AppState
 
@@ -33,8 +34,20 @@ async def admit_sized(
         draft = replace(draft, sampling=replace(draft.sampling, max_tokens=requested))
     else:  # the least budget: the most prompt kept; admission leaves room for one token
         draft = replace(draft, sampling=replace(draft.sampling, max_tokens=1))
+    draft = for_caller(draft)
     admitted = await anyio.to_thread.run_sync(runtime.admit, draft, limiter=st.limiter)
     if requested is not None:
         return admitted
     room = n_ctx - len(admitted.ids)
     return admitted.with_max_tokens(room if fill else min(DEFAULT_MAX_TOKENS, room))
+
+
+def for_caller(draft: Request) -> Request:
+    """``draft`` as its caller's (AuthMiddleware's CALLER): the conversation theirs,
+    the KV cache of their scope, narrowed by the request's own ``cache_salt`` (which
+    the dialect put in ``cache_scope``, vLLM's field) when it gave one."""
+    caller = CALLER.get()
+    scope = caller.cache_scope
+    if draft.cache_scope:
+        scope = f"{scope}\0salt:{draft.cache_scope}"
+    return replace(draft, owner=caller.owner, cache_scope=scope)

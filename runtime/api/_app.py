@@ -7,6 +7,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ..serving import Runtime
 from ..settings import Settings
+from ..users import KeyBook
 from . import (
     _anthropic,
     _embeddings,
@@ -45,8 +46,8 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     Middleware, outermost first: Anthropic's error shape on /v1/messages, Ollama's
     on /api/ routes, the Host and
     Origin guard (403 before anything else, see _guard.py), CORS (only when
-    ``settings.cors_origins``, so a preflight needs no key), request counting, API key
-    (only when ``settings.api_key``; before the body is read), body size limit, a
+    ``settings.cors_origins``, so a preflight needs no key), request counting, the key
+    and its user (``api_key`` or the keys file; before the body is read), body size limit, a
     JSON body read as JSON whatever its Content-Type (as Ollama does).
     """
     app = FastAPI(title="warmstart", version="0.1.0", description=DESCRIPTION)
@@ -65,11 +66,11 @@ def create_app(settings: Settings, runtime: Runtime, opener: Opener | None = Non
     if settings.warmstart_routes:  # off: a plain OpenAI-compatible server (docs/scale-out.md)
         app.include_router(_warmstart.build_router())
     app.include_router(_warmstart.build_service_router())
-    _add_middleware(app, settings, metrics)
+    _add_middleware(app, settings, metrics, st.keys)
     return app
 
 
-def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics, users: KeyBook) -> None:
     """The stack create_app's docstring lists, added innermost first."""
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(JsonBodyMiddleware)  # inside the limit: sees the bounded body
@@ -79,8 +80,7 @@ def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
         timeout=settings.body_timeout,
         min_rate=settings.min_body_rate,
     )
-    if settings.api_key:
-        app.add_middleware(AuthMiddleware, api_key=settings.api_key)
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key, users=users)
     app.add_middleware(CountingMiddleware, metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(

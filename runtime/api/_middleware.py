@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import hmac
 import json
+from contextvars import ContextVar
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..users import LOCAL, Caller, KeyBook, User, find_user
 from ._errors import error_body
 from ._metrics import Metrics
+
+# The caller of the request being handled, for the runtime's Request (see
+# _admission.py): set by AuthMiddleware for the request's own task, and copied into
+# the threads it runs on by anyio.
+CALLER: ContextVar[Caller] = ContextVar("warmstart_caller", default=LOCAL)
 
 # Probes and load balancers check liveness without a key ("/" is the short status
 # that front ends made for Ollama probe).
@@ -29,34 +36,63 @@ async def send_error(send: Send, status: int, body: dict, headers: list | None =
 
 
 class AuthMiddleware:
-    """Requires ``Authorization: Bearer <api_key>`` on every path but OPEN_PATHS, or
-    ``x-api-key: <api_key>``, the header Anthropic's clients send."""
+    """Requires ``Authorization: Bearer <key>`` on every path but OPEN_PATHS, or
+    ``x-api-key: <key>``, the header Anthropic's clients send, once any key is set:
+    ``api_key`` (the one local user, as in a single-user install) or a user's key of
+    the keys file (``users``, read again when it changes). The request's caller goes
+    into the scope's state (``caller_of``) and into CALLER for the runtime's requests.
+    With no key set at all (loopback), every request is the local user's."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, users: KeyBook | None) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-        self._key = api_key.encode()
+        self._key = api_key.encode() if api_key else None
+        self._users = users
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"")
-        other = headers.get(b"x-api-key", b"")
-        # compare_digest: the time taken must not reveal how much of the key matched;
-        # both are compared, so neither header's presence shortens the time either.
-        bearer_ok = hmac.compare_digest(given, self._expected)
-        if hmac.compare_digest(other, self._key) | bearer_ok:
-            await self.app(scope, receive, send)
+        given = _bearer(headers.get(b"authorization", b"")) or headers.get(b"x-api-key", b"")
+        users = self._users.current() if self._users is not None else ()
+        caller = self._caller(given, users)
+        if caller is not None:
+            scope.setdefault("state", {})["caller"] = caller
+            token = CALLER.set(caller)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                CALLER.reset(token)
             return
-        message = "missing API key" if not (given or other) else "incorrect API key"
+        message = "missing API key" if not given else "incorrect API key"
         body = error_body(
             f"{message}: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
             "authentication_error",
             code="invalid_api_key",
         )
         await send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
+
+    def _caller(self, given: bytes, users: tuple[User, ...]) -> Caller | None:
+        if self._key is None and not users:
+            return LOCAL  # no key anywhere: the loopback desktop's one user
+        # compare_digest: the time taken must not reveal how much of a key matched;
+        # every user is compared too (find_user), whichever matched.
+        local = self._key is not None and hmac.compare_digest(given, self._key)
+        user = find_user(users, given.decode("latin-1")) if given else None
+        if local:
+            return LOCAL
+        return user.caller() if user is not None else None
+
+
+def _bearer(value: bytes) -> bytes:
+    scheme, _, token = value.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def caller_of(scope_state: object) -> Caller:
+    """The caller AuthMiddleware found (the local user where it did not run)."""
+    found = getattr(scope_state, "caller", None)
+    return found if isinstance(found, Caller) else LOCAL
 
 
 # how much of an over-large body is read (and dropped) before the 413, and for how long

@@ -23,6 +23,7 @@ from ..serving import check_request
 from ..types import Message, Report, StoredResponse
 from ._admission import admit_sized
 from ._errors import APIError, from_runtime
+from ._middleware import caller_of
 from ._openai import SessionHeader, _peer_socket
 from ._responses_schemas import ChosenFunction, DeletedResponse, ResponsesRequest
 from ._responses_shape import Events, ResponseShape
@@ -85,11 +86,12 @@ def _check_size(st: AppState, messages: tuple[Message, ...]) -> None:
         raise APIError(400, message, param="input", code="prompt_too_long")
 
 
-async def _previous(st: AppState, body: ResponsesRequest) -> StoredResponse | None:
+async def _previous(st: AppState, body: ResponsesRequest, owner: str) -> StoredResponse | None:
+    """The response ``previous_response_id`` continues: ``owner``'s only."""
     if body.previous_response_id is None:
         return None
     found = await anyio.to_thread.run_sync(
-        st.runtime.response, body.previous_response_id, limiter=st.limiter
+        st.runtime.response, body.previous_response_id, owner, limiter=st.limiter
     )
     if found is None:
         raise _not_found(body.previous_response_id, "previous_response_id")
@@ -105,8 +107,9 @@ class _Turn:
         body: ResponsesRequest,
         header: str | None,
         previous: StoredResponse | None,
+        owner: str,
     ) -> None:
-        self.st, self.body = st, body
+        self.st, self.body, self.owner = st, body, owner
         earlier = previous.messages if previous else ()
         self.history = (*earlier, *body.new_messages(earlier))  # without the instructions
         system = (Message("system", body.instructions),) if body.instructions else ()
@@ -129,7 +132,7 @@ class _Turn:
                 out,
             )
             out["store"] = await anyio.to_thread.run_sync(
-                self.st.runtime.keep_response, kept, limiter=self.st.limiter
+                self.st.runtime.keep_response, kept, self.owner, limiter=self.st.limiter
             )
             if not out["store"]:
                 log.info("response %s not kept: this server keeps no conversation text", shape.id)
@@ -141,7 +144,8 @@ async def _create(request: Request, body: ResponsesRequest, header: str | None) 
     the generation (errors surface before any byte is sent), then reply."""
     st = state(request)
     st.check_model(body.model)
-    turn = _Turn(st, body, header, await _previous(st, body))
+    owner = caller_of(request.state).owner
+    turn = _Turn(st, body, header, await _previous(st, body, owner), owner)
     _check_size(st, turn.messages)
     draft = body.to_request(turn.messages, turn.session, 1)
     check_request(draft)  # a bad value is refused before any model is switched to
@@ -190,7 +194,7 @@ def build_router() -> APIRouter:
     @router.get("/responses/{response_id}", responses=ERRORS)
     def get_response(response_id: ResponseId, request: Request) -> dict[str, Any]:
         """A stored response, as it was sent."""
-        found = state(request).runtime.response(response_id)
+        found = state(request).runtime.response(response_id, caller_of(request.state).owner)
         if found is None:
             raise _not_found(response_id)
         return found.body
@@ -198,7 +202,8 @@ def build_router() -> APIRouter:
     @router.delete("/responses/{response_id}", responses=ERRORS)
     def delete_response(response_id: ResponseId, request: Request) -> DeletedResponse:
         """Forgets a stored response (the conversation it was part of stays)."""
-        if not state(request).runtime.delete_response(response_id):
+        owner = caller_of(request.state).owner
+        if not state(request).runtime.delete_response(response_id, owner):
             raise _not_found(response_id)
         return DeletedResponse(id=response_id)
 

@@ -297,6 +297,10 @@ class _Sampled(_Body):
     top_k: int = Field(0, description="0: off (extension)")
     min_p: float = Field(0.0, allow_inf_nan=False, description="extension")
     repeat_penalty: float = Field(1.0, allow_inf_nan=False, description="1: off (extension)")
+    # vLLM's field: only requests with the same salt (and user) share cached prefixes
+    cache_salt: Annotated[Text, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="only requests with the same salt reuse each other's cached prefix"
+    )
 
     def _top_logprobs(self) -> int | None:
         raise NotImplementedError
@@ -399,6 +403,7 @@ class ChatCompletionRequest(_Sampled):
             tool_choice=(choice.function.name if isinstance(choice, NamedToolChoice) else choice)
             or "auto",
             parallel_tool_calls=bool(self.parallel_tool_calls),
+            cache_scope=self.cache_salt or "",
         )
 
 
@@ -428,6 +433,7 @@ class CompletionRequest(_Sampled):
             prompt=prompt,
             sampling=self.sampling(max_tokens),
             session_id=session_id or self.session_hint(),
+            cache_scope=self.cache_salt or "",
         )
 
 

@@ -17,6 +17,7 @@ import uvicorn
 from ..errors import ConfigError
 from ..serving import Runtime
 from ..settings import Settings
+from ..users import KeyBook, read_users
 from . import _logs
 from ._app import create_app
 from ._notify import notify_when_ready
@@ -39,11 +40,14 @@ def is_loopback(host: str) -> bool:
 
 def check_bind(settings: Settings) -> None:
     """Raises ConfigError when the server would be reachable from other machines
-    without an API key."""
-    if not is_loopback(settings.host) and not settings.api_key:
+    without an API key (``api_key``, or a user's in the keys file)."""
+    if is_loopback(settings.host) or settings.api_key:
+        return
+    if not read_users(settings.effective_keys_file):
         raise ConfigError(
             f"host: binding {settings.host!r} exposes the API beyond this machine; "
-            "set api_key (WARMSTART_API_KEY or --api-key) or bind 127.0.0.1"
+            "set api_key (WARMSTART_API_KEY or --api-key), add a user's key "
+            "(warmstart keys add NAME) or bind 127.0.0.1"
         )
 
 
@@ -154,7 +158,7 @@ def _serve(
     ready = (lambda: on_ready(st.model_name)) if on_ready is not None else None
     server = _Server(config, on_exit=lambda: st.runtime.cancel_all(), on_ready=ready)
     try:
-        with _sigterm_returns():
+        with _sigterm_returns(), _sighup_reloads(st.keys):
             server.run(sockets=sockets)
     except _Terminated:
         log.info("stopped by SIGTERM")
@@ -210,6 +214,28 @@ def _sigterm_returns() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sighup_reloads(keys: KeyBook) -> Iterator[None]:
+    """SIGHUP reads the keys file again (it is also read whenever it changes), where
+    its default action would end the server."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def reload(_sig: int, _frame: FrameType | None) -> None:
+        try:
+            keys.reload()
+            log.info("SIGHUP: read %d keys from %s", len(keys.users), keys.path)
+        except ConfigError as exc:
+            log.error("SIGHUP: %s; the keys read before stay in use", exc)
+
+    previous = signal.signal(signal.SIGHUP, reload)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def check_tls(settings: Settings) -> None:

@@ -31,6 +31,7 @@ from ..errors import ModelError, ModelNotFound
 from ..models import MetadataCache, ModelManager, installed_paths, load_catalogue, model_name
 from ..serving import Runtime
 from ..settings import Settings
+from ..users import KeyBook
 from ._errors import APIError, error_body
 from ._keep_alive import Expiry
 from ._metrics import Metrics
@@ -89,6 +90,8 @@ class AppState:
         if self.model_path is not None:
             self.served_ctx[self.model_path] = self.runtime.n_ctx
         self.expiry = Expiry(self.unload)
+        # the household's keys (an absent file: none, and nothing changes)
+        self.keys = KeyBook(self.settings.effective_keys_file)
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:

@@ -16,6 +16,7 @@ from ..serving import SESSION_ID_RULE, Runtime, session_id_problem
 from ..types import SessionInfo
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
+from ._middleware import caller_of
 from ._replies import message_json
 from ._schemas import LoadModelRequest, SessionImport, SessionPatch
 from ._state import ERRORS, state
@@ -54,11 +55,17 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     return body
 
 
-def _known(runtime: Runtime, session_id: str) -> SessionInfo:
-    """The stored session of this id, whatever its name: sessions stored before the
-    rule on ids (with a '/' or '..') are read, renamed and deleted like any other. An
-    unknown id that breaks the rule is a 400 that says why, not a plain 404."""
-    info = runtime.session(session_id)
+def _owner(request: Request) -> str:
+    """Whose conversations the request may see: its caller's (runtime/users.py)."""
+    return caller_of(request.state).owner
+
+
+def _known(runtime: Runtime, session_id: str, owner: str) -> SessionInfo:
+    """``owner``'s stored session of this id, whatever its name: sessions stored before
+    the rule on ids (with a '/' or '..') are read, renamed and deleted like any other.
+    An unknown id that breaks the rule is a 400 that says why, not a plain 404; another
+    user's is a 404, as an unknown one (a 403 would confirm that it exists)."""
+    info = runtime.session(session_id, owner)
     if info is not None:
         return info
     problem = session_id_problem(session_id)
@@ -90,14 +97,14 @@ def _add_session_reads(router: APIRouter) -> None:
         keeps those whose title or messages contain it. Those of requests that named no
         session (neither X-Warmstart-Session nor ``user``) are listed with ``all=1``."""
         with state(request).using() as runtime:
-            infos = runtime.sessions(q, anonymous=everything)
+            infos = runtime.sessions(q, anonymous=everything, owner=_owner(request))
         return {"object": "list", "data": [_session(i, messages=False) for i in infos]}
 
     @router.get("/sessions/{session_id:path}", responses=ERRORS)
     def get_session(session_id: str, request: Request) -> dict[str, Any]:
         """One conversation, with its messages."""
         with state(request).using() as runtime:
-            return _session(_known(runtime, session_id), messages=True)
+            return _session(_known(runtime, session_id, _owner(request)), messages=True)
 
 
 def _add_session_changes(router: APIRouter) -> None:
@@ -106,18 +113,20 @@ def _add_session_changes(router: APIRouter) -> None:
     @router.delete("/sessions/{session_id:path}", responses=ERRORS)
     def delete_session(session_id: str, request: Request) -> dict[str, Any]:
         """Forgets a conversation and drops the chunks no other conversation uses."""
+        owner = _owner(request)
         with state(request).using() as runtime:
-            if not runtime.delete_session(session_id):
-                _known(runtime, session_id)  # raises the 404
+            if not runtime.delete_session(session_id, owner):
+                _known(runtime, session_id, owner)  # raises the 404
         return {"id": session_id, "object": "warmstart.session.deleted", "deleted": True}
 
     @router.patch("/sessions/{session_id:path}", responses=ERRORS)
     def patch_session(session_id: str, body: SessionPatch, request: Request) -> dict[str, Any]:
         """Renames a conversation; its later turns keep the new title."""
+        owner = _owner(request)
         with state(request).using() as runtime:
-            if not runtime.rename_session(session_id, body.title.strip() or body.title):
-                _known(runtime, session_id)  # raises the 404
-            return _session(_known(runtime, session_id), messages=False)
+            if not runtime.rename_session(session_id, body.title.strip() or body.title, owner):
+                _known(runtime, session_id, owner)  # raises the 404
+            return _session(_known(runtime, session_id, owner), messages=False)
 
     @router.post("/sessions/import", responses=ERRORS)
     def import_sessions(body: SessionImport, request: Request) -> dict[str, Any]:
@@ -127,7 +136,8 @@ def _add_session_changes(router: APIRouter) -> None:
         added: list[str] = []
         existing: list[str] = []
         with state(request).using() as runtime:
-            fresh = runtime.import_sessions([kept.to_info() for kept in body.sessions])
+            infos = [kept.to_info() for kept in body.sessions]
+            fresh = runtime.import_sessions(infos, _owner(request))
         for kept, new in zip(body.sessions, fresh, strict=True):
             (added if new else existing).append(kept.id)
         return {"object": "warmstart.sessions.imported", "imported": added, "existing": existing}
@@ -135,10 +145,11 @@ def _add_session_changes(router: APIRouter) -> None:
     @router.post("/sessions/{session_id:path}/prewarm", responses=ERRORS)
     def prewarm_session(session_id: str, request: Request) -> dict[str, Any]:
         """Promotes a conversation's cached chunks to RAM before it is needed."""
+        owner = _owner(request)
         with state(request).using() as runtime:
-            _known(runtime, session_id)
-            promoted = runtime.prewarm(session_id)
-            info = _known(runtime, session_id)
+            _known(runtime, session_id, owner)
+            promoted = runtime.prewarm(session_id, owner=owner)
+            info = _known(runtime, session_id, owner)
         return {
             "session_id": session_id,
             "promoted_tokens": promoted,

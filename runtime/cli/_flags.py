@@ -56,6 +56,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # what a client of a running server needs (cache and sessions ask it first)
     "client": ("host", "port", "api_key", "api_key_file", "tls_cert"),
     "server": (
+        "keys_file",
         "unix_socket",
         "allowed_hosts",
         "cors_origins",
@@ -92,8 +93,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "sessions": ("where", "client"),
     "cache": ("where", "client"),
     "models": ("where",),
+    "keys": ("where",),
 }
-EXTRA = {"sessions": ("cache_dir",), "cache": ("cache_dir",)}  # files they fall back to
+# files they fall back to (sessions, cache) or work on (keys)
+EXTRA = {"sessions": ("cache_dir",), "cache": ("cache_dir",), "keys": ("keys_file",)}
 # None on these means "the policy chooses from this machine"
 TUNABLES = frozenset(f.name for f in fields(Tuning) if f.name != "reasons")
 NOTE = "each also WARMSTART_<NAME> or a line of the config file"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ._commands import cmd_app, cmd_ask, cmd_bench, cmd_chat, cmd_doctor, cmd_serve
 from ._flags import BRIEF, add_settings_flags
+from ._keys import cmd_keys
 from ._stored import cmd_cache, cmd_models, cmd_sessions
 
 _DEFAULT_SYSTEM = "You are a helpful, concise assistant."
@@ -111,6 +112,18 @@ def _add_stored_commands(commands: _Commands) -> None:
     p = commands.add("cache", cmd_cache, "show KV cache statistics or clear the cache")
     p.add_argument("action", choices=["stats", "clear"])
     p.add_argument("--json", action="store_true", help="stats: the whole object, for scripts")
+    p = commands.add(
+        "keys", cmd_keys, "add, list or remove the people of a shared server, a key each"
+    )
+    p.add_argument("action", choices=["add", "list", "remove"])
+    p.add_argument("name", nargs="?", help="the person (add and remove)")
+    p.add_argument(
+        "--cache-group",
+        default=None,
+        help="add: share the KV cache (never the conversations) with the other users of "
+        "this group; for prompts public by nature, such as a shared system prompt",
+    )
+    p.set_defaults(check=lambda args, p=p: _needs_name(p, args))
     p = commands.add("models", cmd_models, "pull, list or remove models")
     p.add_argument("action", choices=["pull", "list", "rm"])
     p.add_argument("name", nargs="?", default="default")
@@ -122,6 +135,11 @@ def _add_stored_commands(commands: _Commands) -> None:
 def _needs_id(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.action in ("show", "delete") and not args.id:
         parser.error(f"sessions {args.action}: give the conversation's id")
+
+
+def _needs_name(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.action in ("add", "remove") and not args.name:
+        parser.error(f"keys {args.action}: give the person's name")
 
 
 def _add_service_commands(commands: _Commands) -> None:

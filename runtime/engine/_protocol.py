@@ -119,6 +119,7 @@ class Engine(Protocol):
         share: bool,
         stored: int = 0,
         kept: Callable[[Resident], int] | None = None,
+        scope: str = "",
     ) -> tuple[Resident, int]: ...
 
     def release(self, res: Resident) -> None: ...

@@ -43,6 +43,9 @@ class Resident:
     last_used: float = 0.0
     busy: bool = False
     session: str | None = None  # the conversation it holds, when known
+    # the cache scope its KV was computed for (Request.cache_scope): never the live
+    # prefix of a request of another scope (another user's, another cache_salt)
+    scope: str = ""
     # llama.cpp copies a whole stream at the next decode, over whatever a restore would
     # have loaded before it: no restore into a sequence with a copy pending
     copy_pending: bool = False
@@ -112,22 +115,24 @@ class Residents:
         share: bool,
         stored: int = 0,
         kept: Callable[[Resident], int] | None = None,
+        scope: str = "",
     ) -> tuple[Resident, int]:
-        """A sequence for a prompt, and how many of its tokens it already holds (a
-        prefix that ends where one of ``cuts`` does, see :func:`live_prefix`: all of
-        them when it holds this prompt's logits). The conversation's own sequence
+        """A sequence for a prompt of the cache ``scope`` (only residents of that scope are a
+        prefix or a conversation of its own), and how many of its tokens it already
+        holds (a prefix that ends where one of ``cuts`` does, see :func:`live_prefix`:
+        all of them when it holds this prompt's logits). The conversation's own sequence
         continues in place, and so does one that shares a prefix with the prompt at
         least as long as the rest of what it holds, when the store keeps all of that
         (``kept``: how many of a resident's leading tokens it holds): the shared prefix
         needs no copy and no restore, and the conversation it held is ``displaced``.
-        Else an idle one is taken (empty first, then the least recently used), and
-        gets the longest reusable live prefix of another by a whole-stream copy, unless
-        the store holds a longer prefix (``stored`` tokens), which a restore then
-        loads. ``share=False`` (no cache): nothing is reused."""
+        Else an idle one is taken (empty first, then the least recently used), and gets
+        the longest reusable live prefix of another by a whole-stream copy, unless the
+        store holds a longer prefix (``stored`` tokens), which a restore then loads.
+        ``share=False`` (no cache): nothing is reused."""
         idle = [r for r in self.residents if not r.busy]
         if not idle:
             raise EngineError("no idle sequence")  # the runtime admits at most one per job
-        scored = [(live_prefix(r, ids, cuts), r) for r in idle] if share else []
+        scored = [(live_prefix(r, ids, cuts), r) for r in idle if r.scope == scope] if share else []
         live, best = max(
             scored,
             key=lambda x: (x[0], session is not None and x[1].session == session),
@@ -135,7 +140,9 @@ class Residents:
         )
         if not live:
             best = None
-        mine = next((r for r in idle if session and r.session == session), None)
+        mine = next(
+            (r for r in idle if session and r.session == session and r.scope == scope), None
+        )
         if best is not None and (self._continues(best, live, session) or len(idle) == 1):
             res = best  # continues in place (what it holds beyond ``live`` is stored)
         elif best is not None and mine in (None, best) and self._spare(best, live, kept):
@@ -156,7 +163,7 @@ class Residents:
             else:
                 live = 0
         self.trim(res, live)
-        res.busy, res.session = True, session
+        res.busy, res.session, res.scope = True, session, scope
         return res, live
 
     @staticmethod

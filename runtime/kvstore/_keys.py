@@ -24,6 +24,19 @@ def root_key(fingerprint: str) -> bytes:
     ).digest()
 
 
+def scoped_root(fingerprint: str, scope: str = "") -> bytes:
+    """The seed of one cache scope's chains: a household user's salt, a request's
+    ``cache_salt`` (runtime/users.py, api/_admission.py). A prefix kept under one scope
+    has other keys under every other, so it is never found, restored or shared there,
+    in any tier, after a restart too. The empty scope is the unsalted chain of a
+    single-user install."""
+    root = root_key(fingerprint)
+    if not scope:
+        return root
+    data = root + b"scope\0" + scope.encode("utf-8")
+    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
+
+
 def chunk_key(parent: bytes, tokens: Sequence[int], stepped: bool = False) -> bytes:
     """``stepped``: the chunk is a run of one-token batches (see :func:`chunk_spans`),
     which gives other KV bits than one batch of the same tokens: another key."""

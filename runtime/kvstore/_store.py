@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import CacheError, DiskFull, DiskUnavailable
 from ._disk import DiskTier, DiskUsage
 from ._index import unshared
-from ._keys import chunk_key, chunk_spans, root_key
+from ._keys import chunk_key, chunk_spans, root_key, scoped_root
 from ._ledger import Ledger, Record
 from ._plans import Load, LoadPlan, Read, Save, StorePlan
 from ._pool import RamPool
@@ -56,7 +56,9 @@ class TieredStore:
         the longest chunk a run of one-token batches is kept in (see ``chunk_spans``;
         1: a chunk for each)."""
         self.run_tokens = run_tokens
+        self.fingerprint = fingerprint
         self.root = root_key(fingerprint)
+        self._roots: dict[str, bytes] = {"": self.root}
         self.pool = pool
         self.disk = disk
         self.high, self.low = high_watermark, low_watermark
@@ -143,15 +145,23 @@ class TieredStore:
                     self.transfers.write(record, self.pool.view(record.slot, record.nbytes))
         log.warning("disk tier back: writing to the disk cache again (%d chunks)", len(pending))
 
+    def root_for(self, scope: str) -> bytes:
+        """The first parent of the chains of a cache scope (see ``scoped_root``)."""
+        root = self._roots.get(scope)
+        if root is None:
+            root = self._roots[scope] = scoped_root(self.fingerprint, scope)
+        return root
+
     # loads ----------------------------------------------------------------------
     def prepare_load(
-        self, ids: Sequence[int], cuts: Sequence[int], staging_bytes: int = 0
+        self, ids: Sequence[int], cuts: Sequence[int], staging_bytes: int = 0, scope: str = ""
     ) -> LoadPlan:
         """The stored chunks of ``ids``, one per batch of ``cuts`` (the batch ends its
-        prefill uses), pinned until ``complete_load``; disk chunks are given places in
-        a staging memory of ``staging_bytes``, one after another while it lasts."""
+        prefill uses), kept under the cache ``scope``, pinned until ``complete_load``;
+        disk chunks are given places in a staging memory of ``staging_bytes``, one after
+        another while it lasts."""
         with self._lock:
-            records = self._stored(ids, cuts)
+            records = self._stored(ids, cuts, scope)
             self.ledger.pin(records)
             loads, at = [], 0
             for r in records:
@@ -162,17 +172,18 @@ class TieredStore:
                 loads.append(Load(r.key, r.start, r.end, r.nbytes, tier, r.slot, offset))
             return LoadPlan(tuple(loads), tuple(records))
 
-    def held(self, ids: Sequence[int], cuts: Sequence[int]) -> int:
+    def held(self, ids: Sequence[int], cuts: Sequence[int], scope: str = "") -> int:
         """How many leading tokens of ``ids`` (computed in batches ending at ``cuts``)
-        the store holds in some tier, as whole chunks; nothing is pinned."""
+        the store holds in some tier under ``scope``, as whole chunks; nothing is pinned."""
         with self._lock:
-            records = self._stored(ids, cuts)
+            records = self._stored(ids, cuts, scope)
             return records[-1].end if records else 0
 
-    def _stored(self, ids: Sequence[int], cuts: Sequence[int]) -> list[Record]:
+    def _stored(self, ids: Sequence[int], cuts: Sequence[int], scope: str) -> list[Record]:
         """The chunks of ``ids`` held in some tier, from its start (lock held)."""
         records = []
-        for hit in self.ledger.lookup(self.root, ids, chunk_spans(cuts, 0, self.run_tokens)):
+        spans = chunk_spans(cuts, 0, self.run_tokens)
+        for hit in self.ledger.lookup(self.root_for(scope), ids, spans):
             if hit.record.tier is None:
                 break
             records.append(hit.record)
@@ -256,13 +267,14 @@ class TieredStore:
         size: Callable[[int], int],
         parent: bytes | None = None,
         start: int = 0,
+        scope: str = "",
     ) -> StorePlan:
         """The chunks of a sequence along its batch ``ends`` (positions), with room
         reserved (``size(n)`` bytes for ``n`` tokens) for each one the store lacks.
         ``tokens`` start at position ``start`` of a prefix named ``parent`` (default:
-        the whole sequence from position 0)."""
+        the whole sequence from position 0, kept under the cache ``scope``)."""
         keys, saves = [], []
-        parent = self.root if parent is None else parent
+        parent = self.root_for(scope) if parent is None else parent
         spans = chunk_spans(ends, start, self.run_tokens)
         with self._lock:
             for c0, c1, stepped in spans:

@@ -266,21 +266,27 @@ class LocalRuntime:
             *(row.messages, row.anonymous),
         )
 
-    def sessions(self, search: str = "", anonymous: bool = False) -> list[SessionInfo]:
-        rows = self.book.list(search=search, anonymous=anonymous)
+    def sessions(
+        self, search: str = "", anonymous: bool = False, owner: str = ""
+    ) -> list[SessionInfo]:
+        rows = self.book.list(search=search, anonymous=anonymous, owner=owner)
         return [self._info(row) for row in rows]
 
-    def session(self, session_id: str) -> SessionInfo | None:
-        row = self.book.get(session_id)
+    def session(self, session_id: str, owner: str = "") -> SessionInfo | None:
+        row = self.book.get(session_id, owner)
         return self._info(row) if row else None
 
     def prewarm(
-        self, session_id: str, stop: threading.Event | None = None, background: bool = False
+        self,
+        session_id: str,
+        stop: threading.Event | None = None,
+        background: bool = False,
+        owner: str = "",
     ) -> int:
         """Promotes the conversation's chunks to RAM (at once when a client asks);
         ``background`` (the startup prewarm): each chunk waits until no request is
         being computed, so that it never slows one."""
-        row = self.book.get(session_id)
+        row = self.book.get(session_id, owner)
         if row is None or row.leaf is None or self.store is None:
             return 0
         chain = self.store.chain(row.leaf)
@@ -292,10 +298,10 @@ class LocalRuntime:
         """Promotes the most recent conversations to RAM (run off the request path);
         ``stop`` set (by close()) ends it between two chunks."""
         total = 0
-        for row in self.book.list(limit=n):
+        for row in self.book.list(limit=n, owner=None):  # everyone's
             if stop is not None and stop.is_set():
                 break
-            total += self.prewarm(row.id, stop, background=True)
+            total += self.prewarm(row.id, stop, background=True, owner=row.owner)
         return total
 
     def add_background(self, thread: threading.Thread, stop: threading.Event) -> None:
@@ -303,20 +309,23 @@ class LocalRuntime:
         joins it before closing them (a short command may finish before it does)."""
         self._background.append((thread, stop))
 
-    def delete_session(self, session_id: str) -> bool:
-        row = self.book.get(session_id)
+    def delete_session(self, session_id: str, owner: str = "") -> bool:
+        row = self.book.get(session_id, owner)
         if row is None:
             return False
         if self.store is not None and row.leaf:
-            others = (o.leaf for o in self.book.list() if o.id != session_id)
+            # every user's: a cache group shares chunks across users
+            others = (
+                o.leaf for o in self.book.list(owner=None) if (o.owner, o.id) != (owner, session_id)
+            )
             self.store.drop_unshared(row.leaf, others)
             self.store.flush()  # gone from the disk, too, when the caller hears so
-        return self.book.delete(session_id)
+        return self.book.delete(session_id, owner)
 
-    def rename_session(self, session_id: str, title: str) -> bool:
-        return self.book.rename(session_id, title)
+    def rename_session(self, session_id: str, title: str, owner: str = "") -> bool:
+        return self.book.rename(session_id, title, owner)
 
-    def import_sessions(self, infos: Sequence[SessionInfo]) -> list[bool]:
+    def import_sessions(self, infos: Sequence[SessionInfo], owner: str = "") -> list[bool]:
         if not self.book.keep_text:
             # Accepting would keep the ids and drop the text the client then forgets.
             raise RequestError(
@@ -326,16 +335,16 @@ class LocalRuntime:
             )
         for info in infos:
             check_session_id(info.id, "id")
-        return list(self.book.import_(infos))
+        return list(self.book.import_(infos, owner))
 
-    def keep_response(self, response: StoredResponse) -> bool:
-        return self.book.keep_response(response)
+    def keep_response(self, response: StoredResponse, owner: str = "") -> bool:
+        return self.book.keep_response(response, owner)
 
-    def response(self, response_id: str) -> StoredResponse | None:
-        return self.book.response(response_id)
+    def response(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        return self.book.response(response_id, owner)
 
-    def delete_response(self, response_id: str) -> bool:
-        return self.book.delete_response(response_id)
+    def delete_response(self, response_id: str, owner: str = "") -> bool:
+        return self.book.delete_response(response_id, owner)
 
     def stats(self) -> dict[str, Any]:
         """Counters and tier usage, in the shape docs/api.md documents (_stats.py):

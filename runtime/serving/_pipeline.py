@@ -122,7 +122,9 @@ class Job:
         plan = self._prepare_load()
         try:
             sid = self.admitted.session_id
-            res, live = engine.claim(self.ids, self.cuts, sid, share, plan.end, self._kept)
+            res, live = engine.claim(
+                self.ids, self.cuts, sid, share, plan.end, self._kept, self.request.cache_scope
+            )
         except BaseException:
             self._complete_load(plan)
             raise
@@ -230,7 +232,7 @@ class Job:
         if self.hurried or self.preempted or home is None:
             return  # requests wait (or came for the sequences): they go first
         tokens, bounds, session = displaced
-        plan = store.prepare_load(tokens, bounds)
+        plan = store.prepare_load(tokens, bounds, scope=self.request.cache_scope)
         try:
             blobs = []
             for load, record in zip(plan.loads, plan.records, strict=True):
@@ -241,6 +243,7 @@ class Job:
             ends = plan.ends(len(blobs))
             if ends and engine.restore(home, blobs, tokens, [b for b in bounds if b <= ends[-1]]):
                 home.session, home.last_used = session, time.monotonic()
+                home.scope = self.request.cache_scope
         finally:
             store.complete_load(plan)
 
@@ -293,12 +296,14 @@ class Job:
         if not self.cached or store is None:
             return LoadPlan()
         room = 0 if staging is None else staging.nbytes
-        return store.prepare_load(self.ids, self.cuts[:-1], room)
+        return store.prepare_load(self.ids, self.cuts[:-1], room, self.request.cache_scope)
 
     def _kept(self, res: Resident) -> int:
         """How many of the leading tokens ``res`` holds the store keeps."""
         store = self.env.store
-        return store.held(res.tokens, res.bounds) if self.cached and store is not None else 0
+        if not self.cached or store is None:
+            return 0
+        return store.held(res.tokens, res.bounds, res.scope)
 
     def _complete_load(self, plan: LoadPlan) -> None:
         if self.env.store is not None:
@@ -423,7 +428,9 @@ class Job:
         store, engine = self.env.store, self.env.engine
         if not self.cached or store is None or not ends:
             return None
-        plan = store.prepare_store(res.tokens, ends, engine.blob_bytes)
+        plan = store.prepare_store(
+            res.tokens, ends, engine.blob_bytes, scope=self.request.cache_scope
+        )
         snapshot = None
         for save in plan.saves:
             try:
@@ -516,7 +523,7 @@ class Job:
             return
         if kept:
             fingerprint = self.env.engine.fingerprint if leaf is not None else None
-            book.keep_leaf(sid, n_tokens, fingerprint, leaf)
+            book.keep_leaf(sid, n_tokens, fingerprint, leaf, self.request.owner)
             return
         history = self.admitted.history
         messages = history if history is not None else self.request.messages
@@ -528,4 +535,4 @@ class Job:
         fingerprint = self.env.engine.fingerprint if leaf is not None else None
         # no id from the client: a derived one, kept out of the conversation list
         anonymous = self.request.session_id is None
-        book.save(sid, messages, n_tokens, fingerprint, leaf, anonymous)
+        book.save(sid, messages, n_tokens, fingerprint, leaf, anonymous, self.request.owner)

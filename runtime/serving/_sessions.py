@@ -53,6 +53,23 @@ MIGRATIONS = [
         "body TEXT NOT NULL);"
         "CREATE INDEX responses_by_session ON responses (session_id)",
     ),
+    (
+        # A household server: each conversation and stored response is its user's
+        # (runtime/users.py). Rows from before are the local user's (""). Two users may
+        # name a conversation alike (or send the same opening, the same derived id),
+        # so the key is (owner, id); the table is built again for it.
+        "0004_owners",
+        "CREATE TABLE sessions_owned (id TEXT NOT NULL, title TEXT NOT NULL, "
+        "created REAL NOT NULL, updated REAL NOT NULL, n_tokens INTEGER NOT NULL DEFAULT 0, "
+        "fingerprint TEXT, leaf BLOB, messages TEXT NOT NULL DEFAULT '[]', "
+        "anonymous INTEGER NOT NULL DEFAULT 0, owner TEXT NOT NULL DEFAULT '', "
+        "PRIMARY KEY (owner, id));"
+        "INSERT INTO sessions_owned SELECT *, '' FROM sessions;"
+        "DROP TABLE sessions;"
+        "ALTER TABLE sessions_owned RENAME TO sessions;"
+        "CREATE INDEX sessions_by_updated ON sessions (updated);"
+        "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+    ),
 ]
 
 
@@ -67,6 +84,7 @@ class SessionRow:
     leaf: bytes | None
     messages: tuple[Message, ...]
     anonymous: bool = False  # its requests named no conversation (a derived id)
+    owner: str = ""  # whose it is (runtime/users.py Caller.owner; "" the local user)
 
 
 MAX_SESSION_ID = 256  # characters
@@ -198,19 +216,28 @@ class SessionBook:
 
     def _row(self, r: tuple) -> SessionRow:  # type: ignore[type-arg]
         messages = tuple(_from_json(m) for m in json.loads(r[7]))
-        return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages, bool(r[8]))
+        return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], messages, bool(r[8]), r[9])
 
-    def get(self, session_id: str) -> SessionRow | None:
+    def get(self, session_id: str, owner: str = "") -> SessionRow | None:
+        """``owner``'s conversation of this id (another user's is None, as unknown)."""
         with self._lock:
-            r = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            r = self._db.execute(
+                "SELECT * FROM sessions WHERE owner = ? AND id = ?", (owner, session_id)
+            ).fetchone()
         return self._row(r) if r else None
 
-    def list(self, limit: int = 1000, search: str = "", anonymous: bool = True) -> list[SessionRow]:
-        """Newest first; ``search`` keeps those whose title or messages contain it
-        (case-insensitive for ASCII letters, as SQLite's LIKE); ``anonymous`` False
-        leaves out the conversations whose requests named none."""
+    def list(
+        self, limit: int = 1000, search: str = "", anonymous: bool = True, owner: str | None = ""
+    ) -> list[SessionRow]:
+        """``owner``'s conversations (None: everyone's), newest first; ``search`` keeps
+        those whose title or messages contain it (case-insensitive for ASCII letters,
+        as SQLite's LIKE); ``anonymous`` False leaves out the conversations whose
+        requests named none."""
         where = " WHERE (anonymous = 0 OR ?)"
         args: list[object] = [int(anonymous)]
+        if owner is not None:
+            where += " AND owner = ?"
+            args.append(owner)
         if search.strip():
             where += " AND (title LIKE ? ESCAPE '\\' OR messages LIKE ? ESCAPE '\\')"
             # the messages are JSON text: the words are matched as JSON writes them
@@ -233,6 +260,7 @@ class SessionBook:
         fingerprint: str | None,
         leaf: bytes | None,
         anonymous: bool = False,
+        owner: str = "",
     ) -> None:
         """Creates or updates a session; a None ``leaf`` keeps the one it had. A turn
         that names the session (``anonymous`` False) makes it a listed one for good."""
@@ -243,7 +271,8 @@ class SessionBook:
         with self._lock:
             self._db.execute(
                 "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint, leaf,"
-                " messages, anonymous) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO "
+                " messages, anonymous, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(owner, id) DO "
                 "UPDATE SET anonymous=MIN(anonymous, excluded.anonymous), "
                 # an imported or empty conversation titles itself at its first turn
                 f"title=CASE WHEN title IN ('', '{DEFAULT_TITLE}') THEN excluded.title "
@@ -252,36 +281,42 @@ class SessionBook:
                 "leaf=COALESCE(excluded.leaf, leaf), messages=excluded.messages",
                 (
                     *(session_id, self._title(messages), now, now, n_tokens, fingerprint),
-                    *(leaf, payload, int(anonymous)),
+                    *(leaf, payload, int(anonymous), owner),
                 ),
             )
 
     def keep_leaf(
-        self, session_id: str, n_tokens: int, fingerprint: str | None, leaf: bytes | None
+        self,
+        session_id: str,
+        n_tokens: int,
+        fingerprint: str | None,
+        leaf: bytes | None,
+        owner: str = "",
     ) -> bool:
         """Updates a session's cache key once its chunks are kept (after the reply). A
         session deleted meanwhile stays deleted: False, nothing written."""
         with self._lock:
             cur = self._db.execute(
                 "UPDATE sessions SET updated = ?, n_tokens = ?, "
-                "fingerprint = COALESCE(?, fingerprint), leaf = COALESCE(?, leaf) WHERE id = ?",
-                (time.time(), n_tokens, fingerprint, leaf, session_id),
+                "fingerprint = COALESCE(?, fingerprint), leaf = COALESCE(?, leaf) "
+                "WHERE owner = ? AND id = ?",
+                (time.time(), n_tokens, fingerprint, leaf, owner, session_id),
             )
             return cur.rowcount > 0
 
     def _title(self, messages: tuple[Message, ...]) -> str:
         return title_of(messages) if self.keep_text else ""
 
-    def rename(self, session_id: str, title: str) -> bool:
+    def rename(self, session_id: str, title: str, owner: str = "") -> bool:
         """A title the user chose; later turns keep it. False when unknown."""
         with self._lock:
             cur = self._db.execute(
-                "UPDATE sessions SET title = ? WHERE id = ?",
-                (title if self.keep_text else "", session_id),
+                "UPDATE sessions SET title = ? WHERE owner = ? AND id = ?",
+                (title if self.keep_text else "", owner, session_id),
             )
         return cur.rowcount > 0
 
-    def import_(self, rows: Sequence[SessionInfo]) -> tuple[bool, ...]:
+    def import_(self, rows: Sequence[SessionInfo], owner: str = "") -> tuple[bool, ...]:
         """Adds conversations kept elsewhere (the app's old database), without KV, in
         one transaction: a listing meanwhile sees all of them or none (the app showed
         half a hand-over). An id already known is left as it is, so importing twice
@@ -294,23 +329,27 @@ class SessionBook:
                 payload = json.dumps([_as_json(m) for m in messages])
                 cur = self._db.execute(
                     "INSERT INTO sessions (id, title, created, updated, n_tokens, fingerprint,"
-                    " leaf, messages) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?)"
-                    " ON CONFLICT(id) DO NOTHING",
-                    (row.id, title, row.created, row.updated, payload),
+                    " leaf, messages, owner) VALUES (?, ?, ?, ?, 0, NULL, NULL, ?, ?)"
+                    " ON CONFLICT(owner, id) DO NOTHING",
+                    (row.id, title, row.created, row.updated, payload, owner),
                 )
                 added.append(cur.rowcount > 0)
         return tuple(added)
 
-    def delete(self, session_id: str) -> bool:
+    def delete(self, session_id: str, owner: str = "") -> bool:
         """Deletes a session and the responses kept in it; their text leaves the
         database file (secure_delete) and the WAL (a checkpoint) before this returns."""
         with self._lock:
-            cur = self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-            self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
+            cur = self._db.execute(
+                "DELETE FROM sessions WHERE owner = ? AND id = ?", (owner, session_id)
+            )
+            self._db.execute(
+                "DELETE FROM responses WHERE owner = ? AND session_id = ?", (owner, session_id)
+            )
             sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 
-    def keep_response(self, response: StoredResponse) -> bool:
+    def keep_response(self, response: StoredResponse, owner: str = "") -> bool:
         """Keeps a response under its id (False, nothing kept, when no conversation
         text is kept: it is all text)."""
         if not self.keep_text:
@@ -319,28 +358,33 @@ class SessionBook:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO responses (id, session_id, named, created, messages,"
-                " body) VALUES (?, ?, ?, ?, ?, ?)",
+                " body, owner) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     *(response.id, response.session_id, int(response.named)),
                     *(response.created or time.time(), messages, json.dumps(response.body)),
+                    owner,
                 ),
             )
         return True
 
-    def response(self, response_id: str) -> StoredResponse | None:
+    def response(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        """``owner``'s response of this id (another user's is None, as unknown)."""
         with self._lock:
             r = self._db.execute(
-                "SELECT id, session_id, named, created, messages, body FROM responses WHERE id = ?",
-                (response_id,),
+                "SELECT id, session_id, named, created, messages, body FROM responses "
+                "WHERE owner = ? AND id = ?",
+                (owner, response_id),
             ).fetchone()
         if r is None:
             return None
         messages = tuple(_from_json(m) for m in json.loads(r[4]))
         return StoredResponse(r[0], r[1], bool(r[2]), messages, json.loads(r[5]), r[3])
 
-    def delete_response(self, response_id: str) -> bool:
+    def delete_response(self, response_id: str, owner: str = "") -> bool:
         with self._lock:
-            cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            cur = self._db.execute(
+                "DELETE FROM responses WHERE owner = ? AND id = ?", (owner, response_id)
+            )
             sqlite.checkpoint(self._db)
         return cur.rowcount > 0
 
