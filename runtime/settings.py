@@ -181,6 +181,12 @@ class Settings(BaseSettings):
         1.0, gt=0, le=3600, description="seconds between two looks at the available memory"
     )
     recalibrate: bool = Field(False, description="measure this machine again")
+    calibrate_first: bool = Field(
+        False,
+        description="a server on a machine and model not calibrated yet calibrates before "
+        "it answers (by default it answers at once, on estimates, and calibrates between "
+        "requests for the next start)",
+    )
     disk_retry_s: float = Field(
         30.0,
         gt=0,

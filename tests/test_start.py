@@ -10,7 +10,7 @@ from warmstart.runtime.bench import _ask as bench
 from warmstart.runtime.engine._engine import LlamaEngine
 from warmstart.runtime.serving._factory import layout_from_json, layout_to_json
 
-from tests.conftest import chat, small_settings
+from tests.conftest import chat, small_settings, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_settings")]
 
@@ -79,3 +79,42 @@ def test_a_fresh_ask_of_a_repeated_question(tmp_path: Path, model_path: Path) ->
     # machine only its order of magnitude is a fair assertion
     assert 0 < repeat["process_start_to_first_token_s"] < min(first["process_wall_s"], 60)
     print(f"process start to first token: {repeat['process_start_to_first_token_s']:.2f} s")
+
+
+def test_a_first_server_answers_before_it_calibrates(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server on a fresh data dir answers at once (a 1B model calibrated for 35 s
+    before its first request), on the policy's estimates and the safe choice for what
+    only the calibration proves (no merged batches, no batch tile: the same greedy
+    reply as --no-cache); it calibrates between requests, for the next start."""
+    import json
+
+    from warmstart.runtime.serving import _factory
+
+    measured: list[str] = []  # the calibration's measurements, as they start
+    for name in ("time_prefill", "time_state_roundtrip", "invariant_units", "batch_kinds"):
+        real = getattr(_factory._CalibrationTarget, name)
+
+        def spy(self, *args, _real=real, _name=name):  # type: ignore[no-untyped-def]
+            measured.append(_name)
+            return _real(self, *args)
+
+        monkeypatch.setattr(_factory._CalibrationTarget, name, spy)
+    settings = small_settings(tmp_path / "data", model_path, prewarm_sessions=0)
+    settings = settings.model_copy(update={"merge_batch_tokens": None, "batch_tile": None})
+    question = chat("Name a colour. One word.", max_tokens=6)
+    with _factory.open_runtime(settings, prewarm=False, calibrate_later=True) as rt:
+        first, _ = rt.generate(question).text()
+        assert measured == []  # nothing was measured before the reply
+        assert rt.tuning.merge_batch_tokens == 0 and rt.tuning.batch_tile == 0
+        assert "not measured" in rt.tuning.reasons["batch_tile"]
+        kept = settings.data_dir / "calibration.json"
+        assert wait_for(kept.exists, 600)  # measured between requests, then kept
+    oracle = _factory.build_runtime(small_settings(tmp_path / "oracle", model_path, no_cache=True))
+    with oracle:
+        assert oracle.generate(question).text()[0] == first
+    (entry,) = json.loads(kept.read_text())["entries"].values()
+    assert entry["background"] and measured[0] == "time_prefill"
+    with _factory.open_runtime(settings, prewarm=False, calibrate_later=True) as rt:
+        assert "not measured" not in rt.tuning.reasons["batch_tile"]  # the next start's

@@ -126,6 +126,11 @@ def _calibration_lines(cal: dict[str, Any] | None, name: str = "model") -> list[
         return ["  not measured (thresholds below use cautious estimates)"]
     reused = cal.get("reused")
     origin = "" if reused is None else ("reused from cache" if reused else "measured now")
+    if reused and cal.get("background"):
+        origin = (
+            "measured in the background by the first `warmstart serve`, which answered "
+            "meanwhile on estimates (no merged batches, no batch tile)"
+        )
     lines = [
         f"  {name} (fingerprint {cal['fingerprint'][:16]})  {cal['seconds']:.1f} s  "
         f"{origin}".rstrip(),

@@ -49,6 +49,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "zstd_level",
         "prewarm_sessions",
         "recalibrate",
+        "calibrate_first",
         "disk_retry_s",
         "memory_floor_bytes",
         "memory_check_s",

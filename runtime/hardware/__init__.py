@@ -11,6 +11,7 @@ from ._calibrate import (
     Calibration,
     CalibrationTarget,
     Progress,
+    cached_calibration,
     calibrate,
     load_or_calibrate,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "SysfsPcieSource",
     "TorchGpuSource",
     "ZstdPoint",
+    "cached_calibration",
     "calibrate",
     "default_sources",
     "load_or_calibrate",

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -128,6 +128,9 @@ class Calibration:
     # measured on a real context: a start that finds it here decodes no probe
     # (None: not measured, or a model whose state cannot be cut into chunks)
     kv_layout: tuple[dict[str, Any], ...] | None = None
+    # measured by a server in the background, between requests, while it answered on
+    # estimates (see runtime/serving/_factory.py start_calibration)
+    background: bool = False
 
     @property
     def prefill_tps(self) -> float:
@@ -322,6 +325,22 @@ def _write_entries(cache_file: Path, entries: dict[str, Any]) -> None:
     os.replace(tmp, cache_file)
 
 
+def cached_calibration(
+    profile: HardwareProfile, fingerprint: str, cache_file: Path
+) -> Calibration | None:
+    """The calibration kept for (this machine, this model), or None (an unusable entry
+    is logged, and measured again)."""
+    key = _cache_key(profile.machine_id(), fingerprint)
+    entries = _read_entries(cache_file)
+    if key not in entries:
+        return None
+    try:
+        return Calibration.from_dict(entries[key])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("calibration entry %s is unusable (%s); measuring again", key, exc)
+        return None
+
+
 def load_or_calibrate(
     target: CalibrationTarget,
     profile: HardwareProfile,
@@ -329,25 +348,24 @@ def load_or_calibrate(
     recalibrate: bool = False,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    background: bool = False,
 ) -> tuple[Calibration, bool]:
     """The cached calibration for (this machine, this model), else a fresh one.
 
-    Returns ``(calibration, reused)``. ``recalibrate`` forces a measurement.
+    Returns ``(calibration, reused)``. ``recalibrate`` forces a measurement;
+    ``background``: a fresh one is measured so (kept with it, for doctor).
     Disk speeds are measured in ``cache_dir`` (default: the profile's cache
     directory). A corrupt cache file is logged and rewritten.
     """
-    key = _cache_key(profile.machine_id(), target.fingerprint)
-    entries = _read_entries(cache_file)
-    if not recalibrate and key in entries:
-        try:
-            return Calibration.from_dict(entries[key]), True
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            log.warning("calibration entry %s is unusable (%s); measuring again", key, exc)
+    cached = None if recalibrate else cached_calibration(profile, target.fingerprint, cache_file)
+    if cached is not None:
+        return cached, True
     where = cache_dir if cache_dir is not None else Path(profile.disk.path)
-    fresh = calibrate(target, profile, where, progress)
+    fresh = replace(calibrate(target, profile, where, progress), background=background)
     if not fresh.disk_measured:  # kept in memory: measured again when there is room
         return fresh, False
-    entries[key] = fresh.to_dict()
+    entries = _read_entries(cache_file)
+    entries[_cache_key(profile.machine_id(), target.fingerprint)] = fresh.to_dict()
     try:
         _write_entries(cache_file, entries)
     except OSError as exc:  # a read-only config dir costs a re-measure next time, nothing more

@@ -26,8 +26,23 @@ from ..engine import (
     gpu_offload_supported,
     on_own_thread,
 )
-from ..hardware import Calibration, HardwareProfile, load_or_calibrate, probe
-from ..policy import ModelGeometry, Rates, Tuning, choose, fixed_tuning, rates_from
+from ..errors import EngineError
+from ..hardware import (
+    Calibration,
+    HardwareProfile,
+    cached_calibration,
+    load_or_calibrate,
+    probe,
+)
+from ..policy import (
+    ModelGeometry,
+    Rates,
+    Tuning,
+    choose,
+    estimate_rates,
+    fixed_tuning,
+    rates_from,
+)
 from ..settings import Settings
 from ._core import LocalRuntime
 from ._embeddings import EmbeddingService
@@ -111,13 +126,23 @@ class _CalibrationTarget:
 @dataclass(frozen=True)
 class Plan:
     profile: HardwareProfile
-    calibration: Calibration
+    calibration: Calibration | None  # None: not measured yet (see ``plan``'s ``later``)
     reused: bool
     tuning: Tuning
 
 
-def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None = None) -> Plan:
-    """Probe, calibration (cached per machine and model) and the policy's choice."""
+def plan(
+    settings: Settings,
+    loaded: LoadedModel,
+    progress: ProgressLine | None = None,
+    later: bool = False,
+) -> Plan:
+    """Probe, calibration (cached per machine and model) and the policy's choice.
+    ``later``: a calibration not cached yet is not measured now (see
+    :func:`start_calibration`); the policy then chooses from the machine's profile and
+    the model's geometry, and takes the safe choice for what only a measurement proves
+    (no merged batches, no batch tile: every batch is computed alone, as measured or
+    not, a cold run computes it)."""
     cache_dir = settings.effective_cache_dir
     try:
         cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -125,12 +150,17 @@ def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None 
         log.debug("cannot create %s: %s", cache_dir, exc)
     profile = probe(cache_dir)
     target = _CalibrationTarget(loaded, settings)
+    geometry = geometry_of(loaded.model, settings.type_kv)
+    if later and not settings.recalibrate:
+        found = cached_calibration(profile, target.fingerprint, _calibration_file(settings))
+        if found is None:
+            return Plan(profile, None, False, choose(profile, None, geometry, settings))
     try:
         calibration, reused = on_own_thread(
             lambda: load_or_calibrate(
                 target,
                 profile,
-                settings.data_dir / "calibration.json",
+                _calibration_file(settings),
                 settings.recalibrate,
                 progress,
                 cache_dir,
@@ -138,24 +168,40 @@ def plan(settings: Settings, loaded: LoadedModel, progress: ProgressLine | None 
         )
     finally:
         target.close()
-    tuning = choose(profile, calibration, geometry_of(loaded.model, settings.type_kv), settings)
-    return Plan(profile, calibration, reused, tuning)
+    return Plan(profile, calibration, reused, choose(profile, calibration, geometry, settings))
+
+
+def _calibration_file(settings: Settings) -> Path:
+    return settings.data_dir / "calibration.json"
 
 
 def open_runtime(
-    settings: Settings, progress: Say | None = None, prewarm: bool = True
+    settings: Settings,
+    progress: Say | None = None,
+    prewarm: bool = True,
+    calibrate_later: bool = False,
 ) -> LocalRuntime:
+    """The runtime, ready. ``calibrate_later`` (a server): on a machine and model not
+    calibrated yet it answers at once, on the policy's estimates, and calibrates in
+    the background (:func:`start_calibration`); otherwise the calibration comes first."""
     say = progress or (lambda msg: log.info("%s", msg))
     tighten(settings)
     say(f"loading model {settings.model} ...")
     loaded = load_model(settings)
-    chosen = plan(settings, loaded, ProgressLine(sys.stderr) if progress else None)
-    if not chosen.reused:
-        say("calibrated this machine for this model (cached for next time)")
-    rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
-    kept = chosen.calibration.kv_layout
+    chosen = plan(settings, loaded, ProgressLine(sys.stderr) if progress else None, calibrate_later)
+    geometry = geometry_of(loaded.model, settings.type_kv)
+    if chosen.calibration is None:
+        say("not calibrated yet: serving on estimates, calibrating in the background")
+        rates = estimate_rates(chosen.profile, geometry).rates
+    else:
+        if not chosen.reused:
+            say("calibrated this machine for this model (cached for next time)")
+        rates = rates_from(chosen.calibration, chosen.tuning.zstd_level)
+    kept = chosen.calibration.kv_layout if chosen.calibration is not None else None
     layout = layout_from_json(kept) if kept is not None else None
     rt = build_runtime(settings, loaded, chosen.tuning, rates, layout)
+    if chosen.calibration is None:
+        start_calibration(rt, settings, loaded, chosen.profile)
     if prewarm and rt.store is not None and rt.tuning.prewarm_sessions > 0:
         start_prewarm(rt, rt.tuning.prewarm_sessions)
     return rt
@@ -264,9 +310,92 @@ def model_opener(settings: Settings, progress: Say | None = None) -> Callable[[P
     """Opens another model file with the same settings (the server's model switch)."""
 
     def open_model(path: Path) -> LocalRuntime:
-        return open_runtime(settings.model_copy(update={"model": str(path)}), progress)
+        switched = settings.model_copy(update={"model": str(path)})
+        return open_runtime(switched, progress, calibrate_later=not settings.calibrate_first)
 
     return open_model
+
+
+class _OnWorker:
+    """The calibration's target, measured on the runtime's worker thread between
+    requests: a measurement never runs beside a request's decode (each would slow the
+    other, and the figures would be wrong), and waits while any request is in flight
+    or for ``IDLE_S`` after one, so that a client's next request finds the worker free.
+    A request that comes meanwhile waits for one measurement at most."""
+
+    IDLE_S = 2.0
+
+    def __init__(self, target: _CalibrationTarget, rt: LocalRuntime, stop: threading.Event):
+        self._target, self._rt, self._stop = target, rt, stop
+        self.fingerprint = target.fingerprint
+        self.kv_bytes_per_token = target.kv_bytes_per_token
+        self.kv_layout: tuple[dict[str, Any], ...] | None = None
+
+    def _run(self, fn: Callable[[], Any]) -> Any:
+        while not self._stop.is_set():
+            idle = self._rt.worker.wait_idle(0.5)
+            if idle and not self._stop.wait(self.IDLE_S) and self._rt.worker.wait_idle(0):
+                out = self._rt.on_worker(fn)
+                # measured on the context the target makes for them (see the protocol)
+                self.kv_bytes_per_token = self._target.kv_bytes_per_token
+                self.kv_layout = self._target.kv_layout
+                return out
+        raise _Stopped
+
+    def time_prefill(self, n_tokens: int) -> float:
+        return self._run(lambda: self._target.time_prefill(n_tokens))  # type: ignore[no-any-return]
+
+    def time_state_roundtrip(self, n_tokens: int) -> tuple[bytes, float, float]:
+        return self._run(lambda: self._target.time_state_roundtrip(n_tokens))  # type: ignore[no-any-return]
+
+    def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
+        return self._run(lambda: self._target.invariant_units(total, units))  # type: ignore[no-any-return]
+
+    def batch_kinds(self, tile: int) -> bool:
+        return self._run(lambda: self._target.batch_kinds(tile))  # type: ignore[no-any-return]
+
+
+class _Stopped(Exception):
+    """The runtime closed before the background calibration ended."""
+
+
+def start_calibration(
+    rt: LocalRuntime, settings: Settings, loaded: LoadedModel, profile: HardwareProfile
+) -> threading.Thread:
+    """Calibrates this machine for this model in the background, on the worker thread
+    between requests (see ``_OnWorker``), and keeps the result (calibration.json) for
+    the next start, whose policy chooses from it; this one then restores by the rates
+    measured. Nothing exact rests on it meanwhile (see :func:`plan`)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        target = _CalibrationTarget(loaded, settings)
+        try:
+            cal, _ = load_or_calibrate(
+                _OnWorker(target, rt, stop),
+                profile,
+                _calibration_file(settings),
+                cache_dir=settings.effective_cache_dir,
+                background=True,
+            )
+            rates = rates_from(cal, rt.tuning.zstd_level)
+            rt.on_worker(lambda: setattr(rt.env, "rates", rates))
+            log.info("calibrated in the background in %.1f s; its thresholds apply from the "
+                     "next start", cal.seconds)  # fmt: skip
+        except (_Stopped, EngineError):
+            log.info("the background calibration stopped with the runtime")
+        except Exception:  # a failed calibration leaves the estimates: never the runtime
+            log.exception("the background calibration failed")
+        finally:
+            try:
+                rt.on_worker(target.close)  # its context is freed where it was used
+            except EngineError:  # the worker has ended: nothing else uses the model now
+                target.close()
+
+    thread = threading.Thread(target=run, name="calibration", daemon=True)
+    rt.add_background(thread, stop)
+    thread.start()
+    return thread
 
 
 def start_prewarm(rt: LocalRuntime, n: int) -> threading.Thread:

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ..engine import Engine
+from ..errors import EngineError
 from ..types import TIERS
 from ._pipeline import Job
 from ._streams import QueueStream
@@ -115,6 +116,8 @@ class Worker:
         flight, and waits for its result."""
         fut: Future[T] = Future()
         with self._cv:
+            if self.closing:  # the thread may have ended: nobody would ever run it
+                raise EngineError("the runtime is closing")
             self._calls.append((fn, fut))
             self._cv.notify()
         return fut.result()
