@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest bench-peers gpu-carry gpu-wheel gpu-check gpu-check-cpu
+.PHONY: run test lint pytest test-frontends bench-peers gpu-carry gpu-wheel gpu-check gpu-check-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,33 @@ pytest: $(VENV)/.dev-installed
 test:
 	sh installers/linux/system-deps.sh
 	$(MAKE) lint pytest
+
+# The front ends people already use, against `warmstart serve` (tests/frontends/): Open
+# WebUI driven in Debian's Chromium (as an Ollama and as an OpenAI connection) and aider
+# editing a small git repository. Not part of `make test`: the first run installs Open
+# WebUI (about 3 GB with its CPU torch) and aider into venvs of their own under
+# $(FRONTENDS)/ and Chromium through system-deps.sh; what a run leaves to look at
+# (screenshots, every route called, the cached-token figures) is in $(FRONTENDS)/out/.
+FRONTENDS ?= .venv-frontends
+FRONTENDS_PYTHON ?= $(PYTHON)
+
+test-frontends: $(VENV)/.frontends-installed $(FRONTENDS)/openwebui/.installed $(FRONTENDS)/aider/.installed
+	sh installers/linux/system-deps.sh frontends
+	WARMSTART_FRONTENDS=1 WARMSTART_FRONTENDS_VENVS=$(FRONTENDS) QT_QPA_PLATFORM=offscreen \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/frontends
+
+# Playwright's Python package drives the browser; it never downloads one (no
+# `playwright install`): the tests launch /usr/bin/chromium.
+$(VENV)/.frontends-installed: pyproject.toml $(VENV)/.dev-installed
+	$(BIN)/pip install --quiet -e '.[dev,frontends]'
+	touch $@
+
+$(FRONTENDS)/%/.installed: tests/frontends/requirements-%.txt tests/frontends/constraints.txt
+	rm -rf $(FRONTENDS)/$*
+	$(FRONTENDS_PYTHON) -m venv $(FRONTENDS)/$*
+	$(FRONTENDS)/$*/bin/pip install --quiet --upgrade pip
+	$(FRONTENDS)/$*/bin/pip install --quiet -r $< -c tests/frontends/constraints.txt
+	touch $@
 
 # warmstart beside upstream llama-server and hearth-llm, in one run, as tables with
 # ratios (runtime/bench/_bench_peers.py). The first run builds llama-server from the pinned

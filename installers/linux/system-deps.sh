@@ -3,6 +3,8 @@
 # screenshots and GUI tests in CI, and the tools the installer tests check with
 # (desktop-file-validate, systemd-analyze, runuser from util-linux). Idempotent: installs only what is missing.
 # Usage: sudo installers/linux/system-deps.sh   (or as root in CI)
+#        sudo installers/linux/system-deps.sh frontends   (adds Debian's Chromium, which
+#        `make test-frontends` drives Open WebUI in: Playwright never downloads a browser)
 set -eu
 
 PACKAGES="
@@ -15,6 +17,11 @@ fonts-dejavu-core
 xvfb xauth
 desktop-file-utils systemd util-linux
 "
+case "${1:-}" in
+    "") ;;
+    frontends) PACKAGES="$PACKAGES chromium" ;;
+    *) echo "system-deps: unknown group '$1' (known: frontends)" >&2; exit 2 ;;
+esac
 
 missing=""
 for pkg in $PACKAGES; do
