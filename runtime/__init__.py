@@ -22,6 +22,7 @@ from .errors import (
 from .serving import Admitted, Runtime
 from .settings import Settings, load_settings
 from .types import (
+    Budget,
     Done,
     Message,
     Report,
@@ -38,6 +39,7 @@ from .types import (
 
 __all__ = [
     "Admitted",
+    "Budget",
     "Busy",
     "CacheError",
     "Cancelled",

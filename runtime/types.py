@@ -49,6 +49,29 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A reply's token budget as a client gave it, sized once by admission (the
+    runtime's ``admit``): ``requested`` tokens, else as many as fit after the prompt,
+    at most ``most`` (None: all the room). Admission fits the prompt with the
+    requested budget, or with one token (the most prompt kept) without one."""
+
+    requested: int | None = None
+    most: int | None = None
+
+    @property
+    def fitting(self) -> int:
+        """The max_tokens a prompt is fitted (trimmed) with."""
+        return 1 if self.requested is None else self.requested
+
+    def sized(self, n_prompt: int, n_ctx: int) -> int:
+        """The max_tokens of a prompt of ``n_prompt`` tokens that fits."""
+        if self.requested is not None:
+            return self.requested
+        room = n_ctx - n_prompt
+        return room if self.most is None else min(self.most, room)
+
+
+@dataclass(frozen=True)
 class Sampling:
     """Sampling for one reply; ``temperature == 0`` is greedy."""
 

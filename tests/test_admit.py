@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.engine._fake import FakeOptions
-from warmstart.runtime.errors import ContextOverflow, RequestError
+from warmstart.runtime.errors import Busy, ContextOverflow, RequestError
 from warmstart.runtime.serving._admit import check_fits, check_request
 from warmstart.runtime.serving._core import LocalRuntime
-from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
+from warmstart.runtime.types import Budget, Done, Message, Request, Sampling, Tool
 
 from tests.conftest import fake_runtime
 
@@ -133,3 +133,43 @@ def test_a_prompt_bounded_over_the_context_is_refused_untokenized(
 
 def chat_of(*messages: Message) -> Request:
     return Request(messages=messages, sampling=Sampling(max_tokens=8))
+
+
+def test_a_budget_left_open_is_sized_once_from_the_prompt(fake: LocalRuntime) -> None:
+    """The prompt is fitted with one reply token (the most of it kept), then the reply
+    gets the room left, at most ``most``; a requested budget is kept as asked."""
+    request = chat_of(Message("user", " ".join(["word"] * 20)))
+    room = 64 - len(fake.admit(request).ids)
+    assert fake.admit(request, Budget()).request.sampling.max_tokens == room
+    assert fake.admit(request, Budget(most=5)).request.sampling.max_tokens == 5
+    assert fake.admit(request, Budget(requested=30)).request.sampling.max_tokens == 30
+
+
+def test_count_tokens_is_the_whole_conversation_before_any_trim(fake: LocalRuntime) -> None:
+    long = " ".join(["word"] * 20)
+    turns: list[Message] = []
+    for i in range(4):
+        turns += [Message("user", f"{long} {i}"), Message("assistant", "ok")]
+    request = chat_of(*turns, Message("user", "last"))
+    admitted = fake.admit(request)
+    assert admitted.trimmed > 0
+    assert fake.count_tokens(request) > len(admitted.ids)
+    assert fake.count_tokens(request) > 64  # over the context: counted, not refused
+
+
+def test_count_tokens_queues_nothing(tmp_path: Path) -> None:
+    """A full queue refuses a reply (Busy), never a count."""
+    runtime = fake_runtime(
+        tmp_path, FakeOptions(token_delay=0.05), max_queue=1, resident_sequences=1
+    )
+    streams = []
+    try:
+        with pytest.raises(Busy):
+            for i in range(5):
+                streams.append(runtime.generate(chat_of(Message("user", f"b{i}"))))
+        assert runtime.count_tokens(chat_of(Message("user", "hello"))) > 0
+    finally:
+        for stream in streams:
+            stream.cancel()
+            list(stream)
+        runtime.close()

@@ -9,83 +9,52 @@ cache report (``x_warmstart``); errors are in Anthropic's shape (_anthropic_stre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import ContextOverflow
-from ..serving import check_request
-from ._admission import admit_sized
+from ..types import Request as RuntimeRequest
+from ._admission import Ask, Size, count, submit
 from ._anthropic_schemas import CountTokensRequest, MessagesRequest
 from ._anthropic_stream import MessageShape, MessagesSSEResponse
-from ._errors import APIError, from_runtime
-from ._openai import SessionHeader, _peer_socket
+from ._client import SessionHeader, peer_socket
 from ._sse import gather
-from ._state import ERRORS, AppState, state
+from ._state import ERRORS, state
 
 
-def _check_size(st: AppState, body: MessagesRequest | CountTokensRequest) -> None:
-    """Refuses, before any tokenizing, a request bigger than the settings allow."""
-    limits = st.settings
-    if len(body.messages) > limits.max_messages:
-        message = (
-            f"messages: {len(body.messages)} messages; at most {limits.max_messages} "
-            "are accepted (max_messages)"
-        )
-        raise APIError(400, message, param="messages", code="too_many_messages")
-    chars = body.text_chars()
-    if chars > limits.max_prompt_chars:
-        message = (
-            f"messages: {chars} characters of text; at most {limits.max_prompt_chars} are "
-            "accepted (max_prompt_chars)"
-        )
-        raise APIError(400, message, param="messages", code="prompt_too_long")
+def _ask(
+    body: MessagesRequest | CountTokensRequest, to_request: Callable[[], RuntimeRequest]
+) -> Ask:
+    size = Size(len(body.messages), body.text_chars())
+    budget = body.max_tokens if isinstance(body, MessagesRequest) else None
+    return Ask(body.model, size, to_request, "messages", budget)
 
 
 async def _create(request: Request, body: MessagesRequest, session: str | None) -> Response:
-    """Check the size, take the named model (switching to it when another is loaded),
-    start the generation (errors surface here, before any byte is sent), reply."""
+    """Submitted (api/_admission.py), then replied, streamed or whole."""
     st = state(request)
-    st.check_model(body.model)  # a 404 before any waiting
-    _check_size(st, body)
-    req = body.to_request(session)  # refuses what is unsupported before any work
-    check_request(req)  # a bad value is refused before any model is switched to
-    runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
-    try:
-        admitted = await admit_sized(st, runtime, body.max_tokens, req)  # within the context
-        events = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
-    except ContextOverflow as exc:
-        raise from_runtime(exc, "messages") from exc
-    finally:
-        st.release()  # submitted (or refused): a switch may close this runtime now
-    shape = MessageShape(name, tools=req.uses_tools)
+    submitted = await submit(st, _ask(body, lambda: body.to_request(session)))
+    shape = MessageShape(submitted.model, tools=submitted.request.uses_tools)
     if body.stream:
         return MessagesSSEResponse(
-            events,
+            submitted.stream,
             shape,
             st.limiter,
             on_done=st.metrics.observe,
             send_timeout=st.settings.send_timeout,
-            sock=_peer_socket(request),
+            sock=peer_socket(request),
         )
-    reply = await gather(request, events, st.limiter)
+    reply = await gather(request, submitted.stream, st.limiter)
     st.metrics.observe(reply.report)
     return JSONResponse(shape.whole(reply.text, reply.report, reply.turn))
 
 
 async def _count(request: Request, body: CountTokensRequest) -> dict[str, Any]:
-    st = state(request)
-    st.check_model(body.model)
-    _check_size(st, body)
-    req = body.to_request()
-    runtime, _ = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
-    try:
-        count = await anyio.to_thread.run_sync(runtime.count_tokens, req, limiter=st.limiter)
-    finally:
-        st.release()
-    return {"input_tokens": count}
+    """The whole conversation's prompt tokens, checked as a Messages request is; it
+    queues nothing, so it is never refused as busy."""
+    return {"input_tokens": await count(state(request), _ask(body, body.to_request))}
 
 
 def build_router() -> APIRouter:

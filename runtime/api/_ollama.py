@@ -11,19 +11,16 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import ContextOverflow
-from ..serving import Admitted, Runtime, check_request, check_sampling
 from ..types import Report
-from ..types import Request as RuntimeRequest
 from . import _embeddings
 from . import _ollama_manage as manage
 from . import _ollama_models as models
-from ._admission import admit_sized
-from ._errors import APIError, from_runtime
+from ._admission import Ask, Size, load, submit
+from ._client import SessionHeader, peer_socket
+from ._errors import APIError
 from ._ollama_schemas import (
     OllamaChatRequest,
     OllamaEmbedRequest,
@@ -31,7 +28,6 @@ from ._ollama_schemas import (
     OllamaShowRequest,
 )
 from ._ollama_stream import NDJSONResponse, OllamaShape, now
-from ._openai import SessionHeader, _peer_socket
 from ._sse import gather
 from ._state import ERRORS, AppState, state
 
@@ -42,34 +38,27 @@ OLLAMA_API_VERSION = "0.12.0"
 _FOREVER_S = 10 * 365 * 24 * 3600
 
 
-def _check_model(st: AppState, name: str) -> None:
-    st.check_model(models.untagged(name) or None)
-
-
-def _check_size(st: AppState, n_messages: int, chars: int, param: str) -> None:
-    limits = st.settings
-    if n_messages > limits.max_messages:
-        message = f"messages: {n_messages} messages; at most {limits.max_messages} are accepted"
-        raise APIError(400, message, param="messages", code="too_many_messages")
-    if chars > limits.max_prompt_chars:
-        message = f"{param}: {chars} characters; at most {limits.max_prompt_chars} are accepted"
-        raise APIError(400, message, param=param, code="prompt_too_long")
-
-
-async def _admitted(
-    st: AppState, runtime: Runtime, num_predict: int | None, draft: RuntimeRequest
-) -> Admitted:
-    """Admitted with num_predict, else as many as fit: all the room for -1 and -2
-    (Ollama's "until done" and "fill the context"), at most DEFAULT_MAX_TOKENS when
-    not given."""
-    n_ctx = runtime.n_ctx
-    if num_predict is not None and num_predict > n_ctx:
-        message = f"num_predict is {num_predict}, but the context holds only {n_ctx} tokens"
-        raise APIError(400, message, param="options.num_predict")
-    if num_predict == 0:
+def _ask(body: OllamaChatRequest | OllamaGenerateRequest, session: str | None) -> tuple[Ask, bool]:
+    """The ask of /api/chat or /api/generate, and whether it is Ollama's load (no
+    prompt). num_predict -1 and -2 (Ollama's "until done" and "fill the context")
+    take all the room; none, at most DEFAULT_MAX_TOKENS."""
+    if isinstance(body, OllamaChatRequest):
+        empty, param, n_messages = not body.messages, "messages", len(body.messages)
+    else:
+        empty, param, n_messages = not body.prompt, "prompt", 1
+    num_predict = body.num_predict
+    if num_predict == 0 and not empty:
         raise APIError(400, "num_predict must not be 0", param="options.num_predict")
-    given = num_predict if num_predict is not None and num_predict > 0 else None
-    return await admit_sized(st, runtime, given, draft, fill=num_predict is not None)
+    ask = Ask(
+        models.untagged(body.model) or None,
+        Size(n_messages, body.text_chars()),
+        lambda: body.to_request(session, 1),  # refuses what is unsupported before any work
+        param,
+        num_predict if num_predict is not None and num_predict > 0 else None,
+        "options.num_predict",
+        fill=num_predict is not None,
+    )
+    return ask, empty
 
 
 async def _generate(
@@ -78,37 +67,17 @@ async def _generate(
     session: str | None,
     kind: Literal["chat", "generate"],
 ) -> Response:
+    """Submitted (api/_admission.py), or only loaded without a prompt, then replied."""
     st = state(request)
-    _check_model(st, body.model)
-    if isinstance(body, OllamaChatRequest):
-        empty, param = not body.messages, "messages"
-        _check_size(st, len(body.messages), body.text_chars(), param)
-    else:
-        empty, param = not body.prompt, "prompt"
-        _check_size(st, 1, body.text_chars(), param)
-    draft = body.to_request(session, 1)  # refuses what is unsupported before any work
-    # a bad value is refused before any model is switched to
-    if empty:  # Ollama's "load": no prompt, its options still checked
-        check_sampling(draft.sampling)
-    else:
-        check_request(draft)
     keep = manage.check_keep_alive(st, body.keep_alive_s)
-    # the named model, loaded first when another one is (as Ollama does)
-    wanted = models.untagged(body.model) or None
-    runtime, name = await anyio.to_thread.run_sync(st.acquire, wanted, limiter=st.limiter)
-    shape = OllamaShape(kind, models.tag_name(name), tools=draft.uses_tools)
-    stream = None
-    try:
-        if not empty:
-            admitted = await _admitted(st, runtime, body.num_predict, draft)
-            stream = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
-    except ContextOverflow as exc:
-        raise from_runtime(exc, param) from exc
-    finally:
-        st.release()  # submitted (or refused): a switch may close this runtime now
-    if stream is None:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
+    ask, empty = _ask(body, session)
+    if empty:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
+        name, draft = await load(st, ask)
         manage.after_reply(st, keep)
+        shape = OllamaShape(kind, models.tag_name(name), tools=draft.uses_tools)
         return JSONResponse(shape.loaded("unload" if keep == 0 else "load"))
+    submitted = await submit(st, ask)
+    shape = OllamaShape(kind, models.tag_name(submitted.model), tools=submitted.request.uses_tools)
 
     def done(report: Report) -> None:
         st.metrics.observe(report)
@@ -116,14 +85,14 @@ async def _generate(
 
     if body.stream:
         return NDJSONResponse(
-            stream,
+            submitted.stream,
             shape,
             st.limiter,
             on_done=done,
             send_timeout=st.settings.send_timeout,
-            sock=_peer_socket(request),
+            sock=peer_socket(request),
         )
-    reply = await gather(request, stream, st.limiter)
+    reply = await gather(request, submitted.stream, st.limiter)
     done(reply.report)
     return JSONResponse(shape.final(reply.text, reply.report, reply.turn if shape.tools else None))
 

@@ -18,13 +18,11 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator
 
-from ..errors import ContextOverflow
-from ..serving import check_request
 from ..types import Message, Report, StoredResponse
-from ._admission import admit_sized
-from ._errors import APIError, from_runtime
+from ._admission import Ask, Size, submit
+from ._client import SessionHeader, peer_socket
+from ._errors import APIError
 from ._middleware import caller_of
-from ._openai import SessionHeader, _peer_socket
 from ._responses_schemas import ChosenFunction, DeletedResponse, ResponsesRequest
 from ._responses_shape import Events, ResponseShape
 from ._responses_stream import ResponseEventsResponse
@@ -66,24 +64,6 @@ def _echo(body: ResponsesRequest) -> dict[str, Any]:
         "truncation": body.truncation,
         "user": body.user,
     }
-
-
-def _check_size(st: AppState, messages: tuple[Message, ...]) -> None:
-    """The chat route's limits, on the whole conversation (a stored one included)."""
-    limits = st.settings
-    if len(messages) > limits.max_messages:
-        message = (
-            f"input: {len(messages)} messages in the conversation; at most "
-            f"{limits.max_messages} are accepted (max_messages)"
-        )
-        raise APIError(400, message, param="input", code="too_many_messages")
-    chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
-    if chars > limits.max_prompt_chars:
-        message = (
-            f"input: {chars} characters of text; at most {limits.max_prompt_chars} are "
-            "accepted (max_prompt_chars)"
-        )
-        raise APIError(400, message, param="input", code="prompt_too_long")
 
 
 async def _previous(st: AppState, body: ResponsesRequest, owner: str) -> StoredResponse | None:
@@ -140,42 +120,38 @@ class _Turn:
 
 
 async def _create(request: Request, body: ResponsesRequest, header: str | None) -> Response:
-    """Check the model and the input, take the runtime, size max_output_tokens, start
-    the generation (errors surface before any byte is sent), then reply."""
+    """The conversation gathered (a stored one continued), submitted
+    (api/_admission.py), then replied, streamed or whole."""
     st = state(request)
-    st.check_model(body.model)
+    st.check_model(body.model)  # a 404 before a stored response is looked up
     owner = caller_of(request.state).owner
     turn = _Turn(st, body, header, await _previous(st, body, owner), owner)
-    _check_size(st, turn.messages)
-    draft = body.to_request(turn.messages, turn.session, 1)
-    check_request(draft)  # a bad value is refused before any model is switched to
-    runtime, name = await anyio.to_thread.run_sync(st.acquire, body.model, limiter=st.limiter)
-    try:
-        admitted = await admit_sized(
-            st, runtime, body.max_output_tokens, draft, "max_output_tokens"
-        )
-        stream = await anyio.to_thread.run_sync(runtime.generate, admitted, limiter=st.limiter)
-    except ContextOverflow as exc:
-        raise from_runtime(exc, "input") from exc
-    finally:
-        st.release()  # submitted (or refused): a switch may close this runtime now
-    shape = ResponseShape(name, _echo(body))
+    ask = Ask(
+        body.model,
+        Size.of(turn.messages),  # the whole conversation, a stored one included
+        lambda: body.to_request(turn.messages, turn.session, 1),
+        "input",
+        body.max_output_tokens,
+        "max_output_tokens",
+    )
+    submitted = await submit(st, ask)
+    shape = ResponseShape(submitted.model, _echo(body))
 
     async def finish(text: str, report: Report, reply: Message | None) -> dict[str, Any]:
         return await turn.finish(shape, text, report, reply)
 
     if body.stream:
         return ResponseEventsResponse(
-            stream,
+            submitted.stream,
             Events(shape),
             st.limiter,
-            tools=draft.uses_tools,
+            tools=submitted.request.uses_tools,
             finish=finish,
             on_done=st.metrics.observe,
             send_timeout=st.settings.send_timeout,
-            sock=_peer_socket(request),
+            sock=peer_socket(request),
         )
-    reply = await gather(request, stream, st.limiter)
+    reply = await gather(request, submitted.stream, st.limiter)
     st.metrics.observe(reply.report)
     return JSONResponse(await finish(reply.text, reply.report, reply.turn))
 

@@ -1,9 +1,17 @@
 """Admission: a request is checked, named, planned, templated, tokenized and fitted
 to the context once, here, and the frozen result (``Admitted``) is what runs.
 
-Every value rule of a request lives in this module (``check_request``): the HTTP
-schemas keep only the shape of JSON and defer to it, the runtimes call it, so a bad
-value gets the same refusal, naming the same field, on every route and runtime.
+Every rule on a request's values lives in this module (``check_request``): the
+HTTP schemas keep only the shape of JSON and defer to it, the runtimes call it, so a
+bad value gets the same refusal, naming the same field, on every route and runtime.
+What the HTTP API refuses before a request reaches a runtime (its size in messages
+and characters, a budget over the context, Ollama's ``num_predict`` of 0) is the
+API's own, in runtime/api/_admission.py.
+
+Admission comes in two halves, ``prepare`` (no tokens) and ``fit``, so that a
+runtime refuses a request it has no room for (Busy) between them, before a large
+prompt is tokenized. A reply budget the client left open (``Budget``) is sized in
+``fit``, once, from the prompt's tokens.
 
 The overflow rule, once: a prompt is refused (``ContextOverflow``) only when it
 leaves no room for one reply token (``len(ids) >= n_ctx``); a reply that would run
@@ -17,13 +25,12 @@ refused before it is tokenized (``_refuse_unfit``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from ..engine import check_choice
 from ..errors import ContextOverflow, RequestError
-from ..types import Message, Request, Role, Sampling
+from ..types import Budget, Message, Request, Role, Sampling
 from ._sessions import check_session_id, derived_session_id
 
 if TYPE_CHECKING:
@@ -129,31 +136,44 @@ class Admitted:
     trimmed: int = 0
 
     def with_max_tokens(self, max_tokens: int) -> Admitted:
-        """The same admission with another reply budget (the HTTP routes size it from
-        ``len(ids)``). It needs no new trim: the prompt already fits, and the reply
-        stops where the context ends."""
+        """The same admission with another reply budget (``fit`` sizes an open one
+        with it). It needs no new trim: the prompt already fits, and the reply stops
+        where the context ends."""
         sampling = replace(self.request.sampling, max_tokens=max_tokens)
         check_sampling(sampling)
         return replace(self, request=replace(self.request, sampling=sampling))
 
 
-def admit(
-    request: Request,
-    prompter: Prompter,
-    n_ctx: int,
-    overflow: str = "trim",
-    ready: Callable[[], None] = lambda: None,
-) -> Admitted:
-    """Checks, plans, templates, tokenizes and fits ``request`` (see the module
-    docstring). ``ready`` runs after the checks and before any tokenizing (the
-    runtime's queue check: a 429 must not wait for a large prompt's tokens)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked and planned, not yet tokenized: admission's first half.
+    ``budget``: the reply budget sized once the prompt is known (None: the request's
+    own max_tokens)."""
+
+    request: Request
+    plan: ToolPlan | None
+    budget: Budget | None = None
+
+
+def prepare(request: Request, prompter: Prompter, budget: Budget | None = None) -> Prepared:
+    """The checks that need no tokens (the request's values, the tool plan and its
+    grammar, the model's own sampling checks): cheap, so a runtime may ask whether
+    it has room between this and ``fit``, before a large prompt is tokenized."""
+    if budget is not None:
+        request = replace(request, sampling=replace(request.sampling, max_tokens=budget.fitting))
     check_request(request)
     plan = prompter.tool_plan(request)
     request = _with_tool_grammar(request, plan)
     if plan is not None:
         plan = replace(plan, request=request)
     prompter.check_sampling(request.sampling)
-    ready()
+    return Prepared(request, plan, budget)
+
+
+def fit(prepared: Prepared, prompter: Prompter, n_ctx: int, overflow: str = "trim") -> Admitted:
+    """Names, templates, tokenizes and fits a prepared request (see the module
+    docstring), its reply budget sized last."""
+    request, plan = prepared.request, prepared.plan
     # named by the whole conversation, before any trimming
     session_id = request.session_id or (
         derived_session_id(request.messages) if request.messages else None
@@ -166,7 +186,26 @@ def admit(
     if overflow == "trim":
         admitted = _trim(admitted, prompter, n_ctx)
     check_fits(len(admitted.ids), request.sampling.max_tokens, n_ctx, request.uses_tools)
-    return admitted
+    if prepared.budget is None:
+        return admitted
+    return admitted.with_max_tokens(prepared.budget.sized(len(admitted.ids), n_ctx))
+
+
+def admit(
+    request: Request,
+    prompter: Prompter,
+    n_ctx: int,
+    overflow: str = "trim",
+    budget: Budget | None = None,
+) -> Admitted:
+    """Checks, plans, templates, tokenizes and fits ``request`` (``prepare`` then
+    ``fit``)."""
+    return fit(prepare(request, prompter, budget), prompter, n_ctx, overflow)
+
+
+def prompt_tokens(prepared: Prepared, prompter: Prompter) -> int:
+    """The prompt's tokens as templated, the whole conversation (no turn trimmed)."""
+    return len(prompter.prompt_ids(prepared.request, plan=prepared.plan)[0])
 
 
 def _refuse_unfit(request: Request, prompter: Prompter, n_ctx: int, overflow: str) -> None:

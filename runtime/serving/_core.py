@@ -30,8 +30,8 @@ from ..errors import Busy, DiskUnavailable, EngineError, RequestError
 from ..kvstore import DiskTier, MemoryWatcher, RamPool, TieredStore, common_prefix, reset_directory
 from ..policy import Rates, Tuning
 from ..settings import Settings
-from ..types import TIERS, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
-from ._admit import Admitted, admit
+from ..types import TIERS, Budget, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
+from ._admit import Admitted, fit, prepare, prompt_tokens
 from ._embeddings import Embedder
 from ._pipeline import Env, Job
 from ._sessions import SessionBook, check_session_id
@@ -43,8 +43,10 @@ from ._worker import Worker
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The most memory disk reads land in first (touched once at start, see _staging): a
+# read that no longer fits there lands in a free pool slot, else in fresh memory.
+STAGING_CAP_BYTES = 256 << 20
 # Used until the machine is calibrated: the figures of a 2-core CPU box (DESIGN.md).
-STAGING_CAP_BYTES = 256 << 20  # disk reads beyond this land in the pool or fresh memory
 DEFAULT_RATES = Rates(
     prefill_tps=150.0, tier_gbps={"ram": 4.0, "disk": 0.4}, fixed_ms={"ram": 0.5, "disk": 5.0}
 )
@@ -157,12 +159,18 @@ class LocalRuntime:
         """Requests waiting, replies and embeddings (the worker's lock held)."""
         return len(self.worker.waiting) + self._embeds.waiting
 
-    def admit(self, request: Request) -> Admitted:
-        """Admits ``request`` once (runtime/serving/_admit.py): what generate() runs."""
-        return admit(request, self.engine, self.n_ctx, self.settings.overflow, self._check_room)
+    def admit(self, request: Request, budget: Budget | None = None) -> Admitted:
+        """Admits ``request`` once (runtime/serving/_admit.py): what generate() runs.
+        Busy is raised between the checks and the tokenizing: a 429 must not wait
+        for a large prompt's tokens."""
+        prepared = prepare(request, self.engine, budget)
+        self._check_room()
+        return fit(prepared, self.engine, self.n_ctx, self.settings.overflow)
 
     def count_tokens(self, request: Request) -> int:
-        return len(self.admit(request).ids)
+        # counting queues nothing: it is never refused as Busy
+        self._check_open()
+        return prompt_tokens(prepare(request, self.engine), self.engine)
 
     def tokenize(
         self, text: str, add_special: bool = False, parse_special: bool = True

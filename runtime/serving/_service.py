@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..types import Embeddings, Request, SessionInfo, StoredResponse, Stream
+from ..types import Budget, Embeddings, Request, SessionInfo, StoredResponse, Stream
 from ._admit import Admitted
 
 
@@ -19,10 +19,12 @@ from ._admit import Admitted
 class Runtime(Protocol):
     """Contract:
 
-    - ``admit(request)`` admits it once (runtime/serving/_admit.py: the rules, the session id,
-      the tool plan, the prompt's tokens, the one overflow rule; raising RequestError,
-      ContextOverflow, Busy) and returns the frozen ``Admitted``; ``count_tokens(r)``
-      is ``len(admit(r).ids)``.
+    - ``admit(request, budget)`` admits it once (runtime/serving/_admit.py: the rules, the
+      session id, the tool plan, the prompt's tokens, the one overflow rule, the reply
+      budget sized from the prompt when a ``Budget`` is given; raising RequestError,
+      ContextOverflow, Busy) and returns the frozen ``Admitted``. ``count_tokens(r)``
+      is the prompt's tokens, the whole conversation before any trimming; it queues
+      nothing (never Busy).
     - ``generate(request)`` takes a Request (admitted at once) or an ``Admitted`` of
       this runtime's, and returns a Stream; the work happens on the runtime's own
       thread and the stream yields Token events then exactly one Done.
@@ -75,7 +77,7 @@ class Runtime(Protocol):
     embedding_model_id: str  # the model /v1/embeddings answers with
     n_ctx: int
 
-    def admit(self, request: Request) -> Admitted: ...
+    def admit(self, request: Request, budget: Budget | None = None) -> Admitted: ...
 
     def generate(self, request: Request | Admitted) -> Stream: ...
 

@@ -25,7 +25,7 @@ from warmstart.runtime.errors import RequestError
 from warmstart.runtime.serving._admit import Admitted
 from warmstart.runtime.serving._core import LocalRuntime
 from warmstart.runtime.settings import load_settings
-from warmstart.runtime.types import Request
+from warmstart.runtime.types import Budget, Request
 
 from tests.api.conftest import Server
 from tests.api.inproc import serving
@@ -53,10 +53,10 @@ class Model(LocalRuntime):
 
     log: list[str]
 
-    def admit(self, request: Request) -> Admitted:
+    def admit(self, request: Request, budget: Budget | None = None) -> Admitted:
         if request.tools:
             request = replace(request, tool_choice="required")
-        return super().admit(request)
+        return super().admit(request, budget)
 
     def close(self) -> None:
         if not self.worker.closing:
