@@ -52,10 +52,6 @@ class ReplyReport:
         best = max(TIERS, key=lambda t: self.restored.get(t, 0))
         return best if self.restored.get(best, 0) > 0 else "none"
 
-    @property
-    def is_hit(self) -> bool:
-        return self.cached_tokens > 0
-
     @classmethod
     def from_payload(
         cls,

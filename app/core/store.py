@@ -147,9 +147,6 @@ class ConversationStore:
     def set_pinned(self, cid: str, pinned: bool) -> None:
         self._write("UPDATE conversations SET pinned = ? WHERE id = ?", (int(pinned), cid))
 
-    def set_model(self, cid: str, model: str | None) -> None:
-        self._write("UPDATE conversations SET model = ? WHERE id = ?", (model, cid))
-
     def delete(self, cid: str) -> None:
         self._write("DELETE FROM conversations WHERE id = ?", (cid,))
         self._checkpoint()

@@ -23,7 +23,7 @@ from ..types import Done, Report, Stream, Token, ToolCall
 from ..types import Message as ChatMessage
 from ._middleware import ErrorBodyMiddleware
 from ._ollama_tools import tool_calls_json
-from ._sse import SSEResponse, events
+from ._sse import StreamedReply, events
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/"
@@ -115,9 +115,9 @@ async def ndjson_lines(
         yield _line({"error": str(exc)})
 
 
-class NDJSONResponse(SSEResponse):
-    """SSEResponse's handling of clients that leave (disconnect, stop reading) and of
-    cancelling the generation, around NDJSON lines instead of SSE events."""
+class NDJSONResponse(StreamedReply):
+    """Ollama's reply as NDJSON lines, with StreamedReply's handling of clients that
+    leave (disconnect, stop reading) and of cancelling the generation."""
 
     media_type = "application/x-ndjson"
 
@@ -131,7 +131,6 @@ class NDJSONResponse(SSEResponse):
         send_timeout: float = 5.0,
         sock: socket.socket | None = None,
     ) -> None:
-        # SSEResponse's own __init__ builds SSE chunks: the same start, NDJSON lines
         def chunks(finished: Callable[[Report], None]) -> AsyncGenerator[str, None]:
             return ndjson_lines(stream, shape, limiter, finished)
 

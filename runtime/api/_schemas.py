@@ -69,7 +69,8 @@ def _only(*allowed: object) -> AfterValidator:
 
 # Every string a client sends is checked, so none can fail later as a 500.
 def safe_session_id(value: str) -> str:
-    """The rule of runtime.sessions, as a pydantic validator (a 400 naming the field)."""
+    """The session id rule (runtime/serving/_sessions.py), as a pydantic validator (a
+    400 naming the field)."""
     problem = session_id_problem(value)
     if problem is not None:
         raise ValueError(f"{problem}; {SESSION_ID_RULE}")
@@ -448,11 +449,6 @@ class ErrorResponse(BaseModel):
     """Every 4xx and 5xx body, in OpenAI's shape."""
 
     error: ErrorDetail
-
-
-class PrewarmResult(BaseModel):
-    session_id: str
-    promoted_tokens: int
 
 
 class LoadModelRequest(_Body):

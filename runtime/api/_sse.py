@@ -209,9 +209,11 @@ def unsent_bytes(sock: socket.socket) -> int | None:
     return int(struct.unpack("i", raw)[0])
 
 
-class SSEResponse(StreamingResponse):
-    """A text/event-stream reply. However it ends, a stream not read to its Done is
-    cancelled and the body generator closed, so the runtime frees the slot now.
+class StreamedReply(StreamingResponse):
+    """A reply streamed as it is generated (SSE events, NDJSON lines: a subclass
+    gives the media type and makes the body with ``_begin``). However it ends, a
+    stream not read to its Done is cancelled and the body generator closed, so the
+    runtime frees the slot now.
 
     Two ways a client leaves: it disconnects (watched for while the reply is
     computed, prefill included, not only when the next token is sent), or it stops
@@ -219,24 +221,6 @@ class SSEResponse(StreamingResponse):
     drain, and ``send_timeout`` seconds of that end the reply (where the queue cannot
     be asked, a send that waits longer than ``send_timeout`` once the buffers are full
     does)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        stream: Stream,
-        shape: Shape,
-        limiter: anyio.CapacityLimiter,
-        *,
-        include_usage: bool,
-        on_done: Callable[[Report], None],
-        send_timeout: float = 5.0,
-        sock: socket.socket | None = None,
-    ) -> None:
-        def chunks(finished: Callable[[Report], None]) -> AsyncGenerator[str, None]:
-            return sse_chunks(stream, shape, limiter, include_usage=include_usage, on_done=finished)
-
-        self._begin(stream, chunks, on_done, send_timeout, sock)
 
     def _begin(
         self,
@@ -313,3 +297,25 @@ class SSEResponse(StreamingResponse):
                 self._stream.cancel()
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
+
+
+class SSEResponse(StreamedReply):
+    """A text/event-stream reply of OpenAI's chunks (see StreamedReply)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        stream: Stream,
+        shape: Shape,
+        limiter: anyio.CapacityLimiter,
+        *,
+        include_usage: bool,
+        on_done: Callable[[Report], None],
+        send_timeout: float = 5.0,
+        sock: socket.socket | None = None,
+    ) -> None:
+        def chunks(finished: Callable[[Report], None]) -> AsyncGenerator[str, None]:
+            return sse_chunks(stream, shape, limiter, include_usage=include_usage, on_done=finished)
+
+        self._begin(stream, chunks, on_done, send_timeout, sock)

@@ -497,11 +497,6 @@ class LlamaEngine(Residents):
         """The threads a decode uses (None: what the engine chose at start)."""
         self.ctx.set_threads(threads)
 
-    def batch_invariant(self, unit: int, units: int) -> bool:
-        """Do tokens prefilled as one batch of ``unit * units`` get the KV bytes they get
-        in batches of ``unit``? (After a short prefix, so attention has history.)"""
-        return unit in self.invariant_units(unit * units, (unit,))
-
     def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]:
         """Those of ``units`` (each dividing ``total``) in batches of which tokens get
         the KV bytes that one batch of ``total`` gives them."""

@@ -388,9 +388,6 @@ class DiskTier:
         self._index.delete((key,))
         self._settle(key)
 
-    def volume(self) -> int:
-        return int(self._blobs.volume())
-
     def present(self) -> set[bytes]:
         """Keys whose blob really exists now (a listing: at open and after a cull)."""
         return {bytes.fromhex(k) for k in self._blobs.iterkeys() if isinstance(k, str)}

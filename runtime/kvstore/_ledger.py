@@ -62,7 +62,6 @@ class Hit:
 class Ledger:
     clock: Callable[[], float] = time.monotonic
     records: dict[bytes, Record] = field(default_factory=dict)
-    _children: dict[bytes, set[bytes]] = field(default_factory=dict)
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.records
@@ -80,7 +79,6 @@ class Ledger:
             return existing
         record.last_used = record.last_used or self.clock()
         self.records[record.key] = record
-        self._children.setdefault(record.parent, set()).add(record.key)
         return record
 
     def remove(self, key: bytes) -> Record | None:
@@ -89,15 +87,7 @@ class Ledger:
         if record is None or record.pins:
             return None
         del self.records[key]
-        siblings = self._children.get(record.parent)
-        if siblings is not None:
-            siblings.discard(key)
-            if not siblings:
-                del self._children[record.parent]
         return record
-
-    def children(self, parent: bytes) -> list[Record]:
-        return [self.records[k] for k in self._children.get(parent, ())]
 
     def lookup(self, root: bytes, ids: Sequence[int], spans: Sequence[Span]) -> list[Hit]:
         """The longest cached prefix of ``ids`` made of whole chunks, one per span of
@@ -155,6 +145,3 @@ class Ledger:
             return (1 if protected else 0, r.last_used)
 
         return sorted(movable, key=rank)
-
-    def ram_records(self) -> list[Record]:
-        return [r for r in self.records.values() if r.slot is not None]

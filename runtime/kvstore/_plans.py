@@ -66,7 +66,7 @@ class LoadPlan:
         return out
 
     def to_promote(self, n: int) -> list[Record]:
-        """Its first ``n`` chunks that were on disk only: for ``TieredStore.promote``
+        """Its first ``n`` chunks that were on disk only: for ``Transfers.promote``
         once the reply is out."""
         pairs = zip(self.loads[:n], self.records, strict=False)
         return [r for c, r in pairs if c.tier == "disk"]

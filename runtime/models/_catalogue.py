@@ -45,10 +45,6 @@ class CatalogueEntry:
     def needs_bytes(self) -> int:
         return needs_bytes(self.size_bytes, self.kv_bytes_per_token)
 
-    @property
-    def hf_ref(self) -> str:
-        return f"{self.repo}/{self.file}"
-
 
 def _entry(name: str, raw: dict[str, object]) -> CatalogueEntry:
     try:

@@ -63,7 +63,7 @@ class RamStats(TierStats):
 
     limit_bytes: int | None = None
     resident_bytes: int | None = None
-    memory: str | None = None  # pinned, mlocked, plain, none
+    memory: str | None = None  # the pool's memory: "pinned (CUDA)" or "plain"; "none"
 
     @classmethod
     def of_store(cls, store: Mapping[str, Any] | None) -> RamStats:

@@ -68,10 +68,6 @@ class ChatController(QObject):
     def busy(self) -> bool:
         return self._runner is not None or self._pending is not None
 
-    @property
-    def streaming_conversation(self) -> str | None:
-        return self._streaming_cid
-
     def partial_text(self) -> str:
         return "".join(self._partial)
 
@@ -236,9 +232,6 @@ class ChatController(QObject):
             return None
         self._editing = last_user.position
         return last_user.content
-
-    def cancel_edit(self) -> None:
-        self._editing = None
 
     @property
     def editing(self) -> bool:

@@ -282,9 +282,6 @@ class ChatView(QWidget):
                     bubble.set_footer(format_status(msg.report))
         self._update_actions()
 
-    def last_text(self, role: str = "assistant") -> str:
-        return next((b.text for b in reversed(self.bubbles) if b.role == role), "")
-
     # -- state -------------------------------------------------------------------------
 
     def set_busy(self, busy: bool) -> None:
