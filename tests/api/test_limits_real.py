@@ -19,13 +19,9 @@ that the bounds hold on a machine whose cores other work shares.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import socket
-import struct
 import sys
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +29,9 @@ from typing import Any
 
 import httpx
 import pytest
-from warmstart.runtime.api._sse import QUEUE_POLL_S
 
 from tests.api.conftest import Server, run_server
+from tests.api.stopped import cancel_bound, seconds_to_receive, stream_raw, unread
 from tests.timing import fastest, slowest
 
 pytestmark = pytest.mark.slow
@@ -196,64 +192,29 @@ def test_an_abandoned_long_request_frees_the_server(real: Server, stream: bool) 
 STOP_READING = {"prompt": "word " * 20, "max_tokens": 2000, "temperature": 0, "stream": True}
 
 
-def _stream_raw(port: int) -> socket.socket:
-    """STOP_READING sent on a raw socket with a small receive buffer, nothing read."""
-    body = json.dumps(STOP_READING).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
-    return sock
-
-
-def _unread(sock: socket.socket) -> int:
-    """Bytes in the socket's receive queue, not read (FIONREAD)."""
-    raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    return int(struct.unpack("i", raw)[0])
-
-
-def _seconds_to_receive(port: int, size: int) -> float:
-    """Seconds from sending STOP_READING until a reader that reads has ``size`` bytes."""
-    t0 = time.monotonic()
-    with contextlib.closing(_stream_raw(port)) as sock:
-        received = 0
-        while received < size:
-            data = sock.recv(65536)
-            assert data, f"the stream ended after {received} bytes"
-            received += len(data)
-    return time.monotonic() - t0
-
-
 def test_a_client_that_stops_reading_is_cancelled(real: Server) -> None:
     """A streamed completion with room for two thousand tokens, to a socket that reads
     nothing: once its small receive buffer is full, the server's send queue stops
-    draining, and send_timeout of that ends the reply.
-
-    Bounded by what that takes at this machine's present speed: the bytes the stuck
-    socket holds once cancelled, timed to a reader that reads them (measured after,
-    in this test), plus send_timeout and a poll; twice that for the load's noise.
-    Waiting instead for the ~100 KB of socket and transport buffers to fill takes
-    many times longer at the few KB/s SmolLM2 streams."""
+    draining, and send_timeout of that ends the reply. Bounded by what that takes at
+    this machine's present speed (tests/api/stopped.py); waiting instead for the
+    ~100 KB of buffers to fill takes many times longer at the few KB/s SmolLM2
+    streams."""
     port = int(real.base_url.rsplit(":", 1)[1])
     before = _stats(real)["completion_tokens"]
     t0 = time.monotonic()
-    with contextlib.closing(_stream_raw(port)) as sock:
+    with contextlib.closing(stream_raw(port, "/v1/completions", STOP_READING)) as sock:
         while not _active(real) and time.monotonic() - t0 < 60:
             time.sleep(0.05)
         started = time.monotonic()
         while _active(real) and time.monotonic() - t0 < 300:  # a hang guard, not the bound
             time.sleep(0.1)
         cancelled_after = time.monotonic() - t0
-        held = _unread(sock)
+        held = unread(sock)
     stats = _stats(real)
     assert stats["queue"]["active"] == 0, f"still generating after {cancelled_after:.0f} s"
     generated = stats["completion_tokens"] - before
     assert 0 < generated < 2000  # cancelled, not run to its end
-    fill = _seconds_to_receive(port, held)
+    fill = seconds_to_receive(port, "/v1/completions", STOP_READING, held)
     log.info(
         "stopped reading: active after %.2f s, cancelled after %.2f s, %d tokens, %d bytes "
         "held; a reader had those bytes after %.2f s",
@@ -261,5 +222,6 @@ def test_a_client_that_stops_reading_is_cancelled(real: Server) -> None:
     )
     # noticed by the kernel send queue that stops draining (api/_sse.py), not by the
     # ~100 KB of buffers filling
-    bound = 2 * (fill + SEND_TIMEOUT_S + QUEUE_POLL_S)
-    assert cancelled_after < bound, f"cancelled after {cancelled_after:.1f} s ({generated} tok)"
+    assert cancelled_after < cancel_bound(fill, SEND_TIMEOUT_S), (
+        f"cancelled after {cancelled_after:.1f} s ({generated} tok)"
+    )

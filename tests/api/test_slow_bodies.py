@@ -18,6 +18,7 @@ from warmstart.runtime.api._middleware import BODY_GRACE_S
 from warmstart.runtime.api._protocol import client_key, per_client_bound
 
 from tests.api.slowbody import ATTACKER, SlowBodies, connect_from, is_open
+from tests.timing import median, slowest, timed
 
 FD_LIMIT = 1024
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -31,31 +32,31 @@ def _port(srv: Any) -> int:
     return int(srv.base_url.rsplit(":", 1)[1])
 
 
-def _timed(fn: Any) -> tuple[float, Any]:
-    t0 = time.monotonic()
-    result = fn()
-    return time.monotonic() - t0, result
-
-
 def test_trickled_bodies_from_one_address_leave_others_served(start: Any) -> None:
+    """Bounded by the same requests without the attack, measured just before it (the
+    slowest of three: the machine's present load is in the bound), against the
+    median under attack: one request preempted by other work does not decide, and a
+    server whose slots the attack took would hang every request."""
     with start(preexec_fn=_fd_limit) as srv:
         chat = lambda: httpx.post(srv.v1 + "/chat/completions", json=CHAT, timeout=30)  # noqa: E731
-        baseline, reply = _timed(chat)
-        assert reply.status_code == 200
+        health = lambda: httpx.get(srv.base_url + "/health", timeout=30)  # noqa: E731
+        assert chat().status_code == 200
+        baseline = slowest(chat)
+        healths: list[float] = []
+        chats: list[float] = []
         with SlowBodies(_port(srv), count=300) as attack:
-            worst = slowest_chat = 0.0
             deadline = time.monotonic() + 10  # past the grace period several times over
-            while time.monotonic() < deadline:
-                took, health = _timed(lambda: httpx.get(srv.base_url + "/health", timeout=5))
-                assert health.status_code == 200
-                worst = max(worst, took)
-                took, reply = _timed(chat)
+            while time.monotonic() < deadline or len(chats) < 5:
+                took, reply = timed(health)
+                assert reply.status_code == 200
+                healths.append(took)
+                took, reply = timed(chat)
                 assert reply.status_code == 200, reply.text
-                slowest_chat = max(slowest_chat, took)
+                chats.append(took)
                 time.sleep(0.3)
         assert attack.opened >= 300  # the attack was at full strength
-        assert worst < 1.0, worst
-        assert slowest_chat < baseline + 5.0, (baseline, slowest_chat)
+        assert median(healths) < baseline, (baseline, healths)
+        assert median(chats) < 3 * baseline, (baseline, chats)
         assert len(srv.log()) < 64_000, srv.log()[-2000:]
 
 
