@@ -33,10 +33,10 @@ def _port(srv: Any) -> int:
 
 
 def test_trickled_bodies_from_one_address_leave_others_served(start: Any) -> None:
-    """Bounded by the same requests without the attack, measured just before it (the
-    slowest of three: the machine's present load is in the bound), against the
-    median under attack: one request preempted by other work does not decide, and a
-    server whose slots the attack took would hang every request."""
+    """Bounded by a chat without the attack, measured just before it (the slowest of
+    three: the machine's present load is in the bound), against the medians of
+    /health and chat under attack: one request preempted by other work does not
+    decide, and a server whose slots the attack took would hang every request."""
     with start(preexec_fn=_fd_limit) as srv:
         chat = lambda: httpx.post(srv.v1 + "/chat/completions", json=CHAT, timeout=30)  # noqa: E731
         health = lambda: httpx.get(srv.base_url + "/health", timeout=30)  # noqa: E731
@@ -55,7 +55,7 @@ def test_trickled_bodies_from_one_address_leave_others_served(start: Any) -> Non
                 chats.append(took)
                 time.sleep(0.3)
         assert attack.opened >= 300  # the attack was at full strength
-        assert median(healths) < baseline, (baseline, healths)
+        assert median(healths) < 3 * baseline, (baseline, healths)
         assert median(chats) < 3 * baseline, (baseline, chats)
         assert len(srv.log()) < 64_000, srv.log()[-2000:]
 

@@ -14,6 +14,8 @@ import httpx
 from warmstart.runtime.api._logs import RepeatFilter
 from warmstart.runtime.api._protocol import fd_bounded
 
+from tests.timing import median, slowest, timed
+
 FD_LIMIT = 256
 ATTACKERS = 400
 
@@ -35,14 +37,18 @@ def _trickle(port: int) -> socket.socket | None:
 
 
 def test_trickling_connections_do_not_stop_health(start: Any) -> None:
+    """/health under attack answers, at its median, within 3x of a small chat without
+    the attack (the slowest of three, measured just before it on this machine)."""
     env = {"WARMSTART_HEADER_TIMEOUT": "3", "WARMSTART_MAX_CONNECTIONS": "1000"}
     with start(env=env, preexec_fn=_low_fd_limit) as srv:
         port = int(srv.base_url.rsplit(":", 1)[1])
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        baseline = slowest(lambda: httpx.post(srv.v1 + "/chat/completions", json=chat, timeout=30))
         socks: list[socket.socket] = []
         try:
-            worst = 0.0
+            healths: list[float] = []
             deadline = time.monotonic() + 8
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline or len(healths) < 5:
                 while len(socks) < ATTACKERS:  # keep the attack at full strength
                     sock = _trickle(port)
                     if sock is None:
@@ -54,12 +60,11 @@ def test_trickling_connections_do_not_stop_health(start: Any) -> None:
                     except OSError:
                         socks.remove(sock)
                         sock.close()
-                t0 = time.monotonic()
-                health = httpx.get(srv.base_url + "/health", timeout=5)
-                worst = max(worst, time.monotonic() - t0)
+                took, health = timed(lambda: httpx.get(srv.base_url + "/health", timeout=30))
                 assert health.status_code == 200
+                healths.append(took)
                 time.sleep(0.5)
-            assert worst < 3.0, worst
+            assert median(healths) < 3 * baseline, (baseline, healths)
         finally:
             for sock in socks:
                 with contextlib.suppress(OSError):
