@@ -118,6 +118,16 @@ class _CalibrationTarget:
     def batch_kinds(self, tile: int) -> bool:
         return self._get().batch_kinds(tile)
 
+    def engine(self) -> LlamaEngine:
+        return self._get()
+
+    def clear(self) -> None:
+        """Empties every sequence of its context (after a measurement stopped midway)."""
+        if self._engine is not None:
+            for res in self._engine.residents:
+                self._engine.evict(res, counted=False)
+                self._engine.ctx.seq_rm(res.seq)
+
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close(close_model=False)
@@ -321,7 +331,8 @@ class _OnWorker:
     requests: a measurement never runs beside a request's decode (each would slow the
     other, and the figures would be wrong), and waits while any request is in flight
     or for ``IDLE_S`` after one, so that a client's next request finds the worker free.
-    A request that comes meanwhile waits for one measurement at most."""
+    A request that comes meanwhile stops the measurement at once (``Worker.stoppable``),
+    which is measured again once the worker is idle."""
 
     IDLE_S = 2.0
 
@@ -335,12 +346,21 @@ class _OnWorker:
         while not self._stop.is_set():
             idle = self._rt.worker.wait_idle(0.5)
             if idle and not self._stop.wait(self.IDLE_S) and self._rt.worker.wait_idle(0):
-                out = self._rt.on_worker(fn)
+                out, stopped = self._rt.on_worker(lambda: self._measure(fn))
+                if stopped:
+                    continue
                 # measured on the context the target makes for them (see the protocol)
                 self.kv_bytes_per_token = self._target.kv_bytes_per_token
                 self.kv_layout = self._target.kv_layout
                 return out
         raise _Stopped
+
+    def _measure(self, fn: Callable[[], Any]) -> tuple[Any, bool]:
+        """On the worker thread: ``fn`` as work a request stops (and nothing left of it)."""
+        out, stopped = self._rt.worker.stoppable(self._target.engine(), fn)
+        if stopped:
+            self._target.clear()
+        return out, stopped
 
     def time_prefill(self, n_tokens: int) -> float:
         return self._run(lambda: self._target.time_prefill(n_tokens))  # type: ignore[no-any-return]

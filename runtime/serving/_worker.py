@@ -92,6 +92,9 @@ class Worker:
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self.closing = False
         self.in_background = False  # the worker is in a step of background work
+        # another engine's work that a request stops (see ``stoppable``), and whether one did
+        self._stoppable: Engine | None = None
+        self._stopped = False
         self._stepping: Job | None = None  # the job whose step the worker is in
         self._stepped: dict[int, float] = {}  # when each active job's last step ended
         self._aborting = False  # its prefill's decode was told to stop (its client left)
@@ -108,6 +111,9 @@ class Worker:
             self._set_busy(True)
             if self.in_background:  # a request waits: the background decode stops now
                 self.engine.interrupt(True)
+            if self._stoppable is not None:
+                self._stoppable.interrupt(True)
+                self._stopped = True
             self._idle.clear()
             self._cv.notify()
 
@@ -121,6 +127,26 @@ class Worker:
             self._calls.append((fn, fut))
             self._cv.notify()
         return fut.result()
+
+    def stoppable(self, engine: Engine, fn: Callable[[], T]) -> tuple[T | None, bool]:
+        """On the worker thread: runs ``fn``, work of another ``engine`` (the background
+        calibration's), which a request queued meanwhile (or already) stops within one
+        graph node. Returns (its result, False), or (None, True) when it was stopped:
+        what it computed is then worthless (a timing cut short, a decode half done)."""
+        with self._cv:
+            self._stoppable, self._stopped = engine, bool(self.waiting)
+            engine.interrupt(self._stopped)
+        out: T | None = None
+        try:
+            out = fn()
+        except Exception:
+            if not self._stopped:
+                raise
+        finally:
+            with self._cv:
+                stopped, self._stoppable, self._stopped = self._stopped, None, False
+                engine.interrupt(False)
+        return (None, True) if stopped else (out, False)
 
     def abort_prefill(self, stream: QueueStream) -> None:
         """A client left while its prompt is being prefilled: the batch in progress
