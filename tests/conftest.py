@@ -24,7 +24,7 @@ SYSTEM = Message(
 # A server the tests start on a fresh data dir calibrates before it answers, as it did
 # before servers calibrated between requests: tests that time a server against a
 # baseline measured in the same test must not share its CPU with a calibration's
-# pieces (tests/test_start.py covers the calibration between requests).
+# pieces (tests/serving/test_start.py covers the calibration between requests).
 os.environ.setdefault("WARMSTART_CALIBRATE_FIRST", "1")
 
 # The extra-buffer verdict (engine._smoke) for the test model, found once per machine

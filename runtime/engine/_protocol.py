@@ -4,7 +4,7 @@
 Two engines implement it: the llama.cpp one (``_engine.LlamaEngine``) and a
 deterministic fake without a model (``_fake.FakeEngine``), so the real runtime (its
 queue, sessions, store, stats and rules) runs in tests in milliseconds. Both pass the
-same contract tests (tests/test_service_contract.py, tests/engine/test_protocol.py).
+same contract tests (tests/serving/test_service_contract.py, tests/engine/test_protocol.py).
 
 The contract, as the pipeline relies on it:
 

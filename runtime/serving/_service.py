@@ -2,7 +2,7 @@
 
 ``LocalRuntime`` (runtime/serving/_core.py) implements it, over the llama.cpp engine or over
 the fake engine (runtime/engine/_fake.py, no model), so the layers above run in tests
-without a model. Both pass the same contract tests (tests/test_service_contract.py).
+without a model. Both pass the same contract tests (tests/serving/test_service_contract.py).
 """
 
 from __future__ import annotations

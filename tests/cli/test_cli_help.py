@@ -54,7 +54,7 @@ def test_serve_shows_everything() -> None:
 
 
 EVERYDAY = ("--session", "--system", "--max-tokens", "--temperature", "--model")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

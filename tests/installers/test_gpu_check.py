@@ -21,7 +21,7 @@ REPORT_KEYS = {
     "llama_cpp", "gpu", "copies", "model", "verdicts", "loads", "sweep", "equivalence",
     "ours", "bench", "serve",
 }  # fmt: skip
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.usefixtures("clean_settings")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def warmstart(*args: str, data_dir: Path, model: Path) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from tests.conftest import SYSTEM, chat, small_settings
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = " ".join(
     f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} crate on shelf {i % 7} holds "
     f"{3 * i + 1} bolts and {i % 5 + 2} hinges."

@@ -189,7 +189,7 @@ def test_disk_hit_in_a_fresh_process_equals_recompute(make_runtime, tmp_path, mo
     rt.wait_idle()
     rt.store.flush()
     out = tmp_path / "fresh.npy"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run(
         [sys.executable, "-c", FRESH, str(tmp_path), str(model_path), Q2, str(out)],

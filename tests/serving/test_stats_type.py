@@ -1,5 +1,5 @@
 """One typed Stats, one JSON shape: the runtime builds it over the fake engine as over
-llama.cpp (tests/test_worker_view.py checks that one), and /metrics reads it back."""
+llama.cpp (tests/serving/test_worker_view.py checks that one), and /metrics reads it back."""
 
 from __future__ import annotations
 
