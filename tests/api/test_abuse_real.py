@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import resource
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ import pytest
 from warmstart.runtime._embed_queue import MAX_EMBED_TOKENS
 
 from tests.api.conftest import Server, run_server
+from tests.api.real import START_TIMEOUT_S, real_server, serve_command
 from tests.api.slowbody import SlowBodies
 from tests.timing import median, slowest, timed
 
@@ -39,14 +39,6 @@ pytestmark = pytest.mark.slow
 
 log = logging.getLogger(__name__)
 
-SETTINGS = (
-    "--n-ctx", "2048",
-    "--resident-sequences", "2",
-    "--chunk-tokens", "64",
-    "--ram-pool-bytes", str(256 << 20),
-    "--prewarm-sessions", "0",
-)  # fmt: skip
-START_TIMEOUT_S = 180.0  # loading and calibrating on a fresh data dir, on a busy CPU
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
 # The report's request: 2,048 texts of about 870 characters (1.78 MiB).
 REPORTED = [
@@ -58,11 +50,6 @@ LONG = [f"text {i}: " + "word " * 22 for i in range(2048)]
 LONG_TEXTS = [f"text {i}: " + "word " * 1500 for i in range(30)]
 
 
-def _command(data_dir: Path, model_path: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
-    return [*cmd, "--data-dir", str(data_dir), "--model", str(model_path), *SETTINGS]
-
-
 def _fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
@@ -70,13 +57,8 @@ def _fd_limit() -> None:
 @pytest.fixture(scope="module")
 def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("real-abuse")
-    cmd = _command(data_dir, model_path)
-    with run_server(
-        cmd, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir, preexec_fn=_fd_limit
-    ) as server:
+    with real_server(model_path, data_dir, resident=2, preexec_fn=_fd_limit) as server:
         yield server
-    text = server.log()
-    assert "Traceback" not in text and "ERROR" not in text, text[-4000:]
 
 
 def _queue(srv: Server) -> dict[str, int]:
@@ -183,7 +165,7 @@ def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
 
 
 def test_sigterm_during_a_long_embedding_ends_the_process(model_path: Path, tmp_path: Path) -> None:
-    cmd = _command(tmp_path, model_path)
+    cmd = serve_command(model_path, tmp_path, resident=2)
     with run_server(cmd, start_timeout_s=START_TIMEOUT_S, log_dir=tmp_path) as srv:
         client, _ = _abandoned(srv.v1 + "/embeddings", {"input": LONG_TEXTS}, after_s=120.0)
         _until(lambda: _queue(srv)["active"] == 1)

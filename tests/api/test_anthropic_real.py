@@ -17,7 +17,7 @@ import anthropic
 import pytest
 
 from tests.api.conftest import Server
-from tests.api.test_real_model import real_server
+from tests.api.real import real_server
 from tests.api.test_tools_real import WEATHER_PARAMS, _valid
 
 pytestmark = pytest.mark.slow

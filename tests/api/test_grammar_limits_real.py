@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.api.conftest import Server
-from tests.api.test_real_model import real_server
+from tests.api.real import real_server
 
 pytestmark = pytest.mark.slow
 

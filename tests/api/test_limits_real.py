@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import Server, run_server
+from tests.api.conftest import Server
+from tests.api.real import real_server
 from tests.api.stopped import cancel_bound, seconds_to_receive, stream_raw, unread
 from tests.timing import fastest, slowest, timed
 
@@ -38,14 +38,6 @@ pytestmark = pytest.mark.slow
 
 log = logging.getLogger(__name__)
 
-SETTINGS = (
-    "--n-ctx", "2048",
-    "--resident-sequences", "2",
-    "--chunk-tokens", "64",
-    "--ram-pool-bytes", str(256 << 20),
-    "--prewarm-sessions", "0",
-)  # fmt: skip
-START_TIMEOUT_S = 180.0  # loading and calibrating on a fresh data dir, on a busy CPU
 SEND_TIMEOUT_S = 2.0
 # " word" is one token: about 900 of prompt, then greedy decoding repeats it until
 # max_tokens, many seconds on two cores: still running when its client leaves.
@@ -54,17 +46,13 @@ LONG = {"prompt": "word " * 900, "max_tokens": 1100, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    data_dir = tmp_path_factory.mktemp("real-limits")
-    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
-    cmd += ["--data-dir", str(data_dir), "--model", str(model_path), *SETTINGS]
     env = {"WARMSTART_SEND_TIMEOUT": str(SEND_TIMEOUT_S)}
-    with run_server(cmd, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir, env=env) as server:
-        yield server
+    data_dir = tmp_path_factory.mktemp("real-limits")
     # uvicorn logs this when a reply to a client that stopped reading is given up;
     # it is the expected end of that test, not a failure
     given_up = "ERROR:    ASGI callable returned without completing response."
-    text = server.log().replace(given_up, "")
-    assert "Traceback" not in text and "ERROR" not in text, text
+    with real_server(model_path, data_dir, env=env, resident=2, expected=(given_up,)) as server:
+        yield server
 
 
 def _stats(srv: Server) -> dict[str, Any]:

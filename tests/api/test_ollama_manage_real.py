@@ -27,7 +27,7 @@ import ollama
 import pytest
 
 from tests.api.conftest import Server
-from tests.api.test_real_model import real_server
+from tests.api.real import real_server
 from tests.gguf_files import tiny_model
 from tests.hubfake import Hub, serve_hub
 

@@ -8,9 +8,7 @@ prompts are short except where a difference in TTFT must be clear.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,21 +19,12 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import Server, run_server
+from tests.api.conftest import Server
+from tests.api.real import N_CTX, real_server
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-N_CTX = 2048
-SETTINGS = (
-    "--n-ctx", str(N_CTX),
-    "--resident-sequences", "8",
-    "--chunk-tokens", "64",
-    "--ram-pool-bytes", str(256 << 20),
-    "--prewarm-sessions", "0",
-)  # fmt: skip
-# Loading the model and calibrating the machine on a fresh data dir, on a busy CPU.
-START_TIMEOUT_S = 180.0
 KEY = "real-test-key-0123456789"
 GREEDY: dict[str, Any] = {"model": "default", "temperature": 0}
 QUESTIONS = (
@@ -48,26 +37,6 @@ QUESTIONS = (
     "What is frozen water called?",
     "Name an animal that can fly.",
 )
-
-
-@contextlib.contextmanager
-def real_server(
-    model: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[Server]:
-    """``warmstart serve`` on the real model and a free loopback port, stopped after
-    (``env``: variables to add, such as a hub imitation's HF_ENDPOINT).
-
-    Any traceback or error in its log fails the test that owns it: the API hides
-    a failure that happens after the reply (capturing chunks, saving the session)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve"]
-    cmd += ["--data-dir", str(data_dir), "--model", str(model), *SETTINGS]
-    with run_server(
-        cmd, *args, start_timeout_s=START_TIMEOUT_S, log_dir=data_dir, env=env
-    ) as server:
-        yield server
-    log = server.log()
-    assert "Traceback" not in log and "ERROR" not in log, log
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_the_fake_refuses_alike_on_both_dialects(server: Server) -> None:
 
 @pytest.mark.slow
 def test_the_real_model_refuses_alike(model_path: Path, tmp_path: Path) -> None:
-    from tests.api.test_real_model import real_server
+    from tests.api.real import real_server
 
     fake_cmd = [sys.executable, "-m", "warmstart.runtime.api", "--fake"]
     with run_server(fake_cmd) as fake:

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.api.conftest import Server
-from tests.api.test_real_model import real_server
+from tests.api.real import real_server
 
 pytestmark = pytest.mark.slow
 
