@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -41,3 +43,10 @@ def fastest(work: Callable[[], T], runs: int = 3) -> tuple[float, T]:
 
 def median(times: Sequence[float]) -> float:
     return float(statistics.median(times))
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    """The CPU seconds a process and its waited-for children used: a budget for fixed
+    work (loading, calibrating) that holds however busy the machine is."""
+    times = process.cpu_times()
+    return float(times.user + times.system + times.children_user + times.children_system)

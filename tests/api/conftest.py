@@ -26,6 +26,8 @@ import openai
 import psutil
 import pytest
 
+from tests.timing import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 
@@ -69,11 +71,6 @@ def is_fake(server_cmd: list[str]) -> bool:
 HANG_FACTOR = 10
 
 
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system + times.children_user + times.children_system)
-
-
 def _wait_healthy(server: Server, timeout_s: float) -> None:
     """Until /health answers. ``timeout_s`` counts the server's own CPU seconds, not
     the wall clock's: loading and calibrating is a fixed amount of work, which takes
@@ -87,7 +84,7 @@ def _wait_healthy(server: Server, timeout_s: float) -> None:
             if httpx.get(server.base_url + "/health", timeout=1.0).status_code == 200:
                 return
         with contextlib.suppress(psutil.Error):  # it may have exited since the poll
-            if _cpu_seconds(process) > timeout_s:
+            if cpu_seconds(process) > timeout_s:
                 break
         time.sleep(0.1)
     raise RuntimeError(f"server not healthy after {timeout_s} s of its CPU:\n{server.log()}")

@@ -20,8 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from warmstart.runtime.serving._sessions import SessionBook
+
+from tests.timing import cpu_seconds
 
 pytestmark = pytest.mark.slow
 LONG = "Count from 1 to 500, one number per line."
@@ -324,8 +327,10 @@ def server(data_dir: Path, model_path: Path) -> Iterator[tuple[subprocess.Popen[
         argv, env=_env(data_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    # loading and calibrating: 180 s of the server's own CPU (as run_server counts it),
+    # however busy the machine; the wall clock only guards against a hang
+    cpu, deadline = psutil.Process(proc.pid), time.monotonic() + 1800
+    while time.monotonic() < deadline and cpu_seconds(cpu) < 180:
         try:
             if httpx.get(base + "/health", timeout=2).status_code == 200:
                 break
@@ -366,7 +371,9 @@ def test_serve_shuts_down_cleanly_with_streams_in_flight(
     assert lines[-1] == "data: [DONE]"  # the client's stream ends properly
     last = json.loads(lines[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] is not None
-    assert ended - sent < 5  # not uvicorn's 5 s graceful timeout, then a cut
+    # ended by the signal, not cut when uvicorn's graceful-shutdown timeout ran out (a
+    # fixed 5 s, which a busy machine may reach with no fault of the server's)
+    assert "timeout graceful shutdown exceeded" not in output, output
     assert proc.returncode in (0, 130), output
     assert "Traceback" not in output and "CancelledError" not in output
     for wal in (data_dir / "sessions.db-wal", data_dir / "cache" / "index.db-wal"):
