@@ -330,7 +330,7 @@ def server(data_dir: Path, model_path: Path) -> Iterator[tuple[subprocess.Popen[
     # loading and calibrating: 180 s of the server's own CPU (as run_server counts it),
     # however busy the machine; the wall clock only guards against a hang
     cpu, deadline = psutil.Process(proc.pid), time.monotonic() + 1800
-    while time.monotonic() < deadline and cpu_seconds(cpu) < 180:
+    while proc.poll() is None and time.monotonic() < deadline and cpu_seconds(cpu) < 180:
         try:
             if httpx.get(base + "/health", timeout=2).status_code == 200:
                 break
