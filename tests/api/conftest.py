@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import psutil
 import pytest
 
-from tests.timing import cpu_seconds
+from tests.timing import cpu_seconds, fastest, slowest
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -149,3 +150,16 @@ def client(server: Server) -> Iterator[openai.OpenAI]:
     # Any key works on loopback without --api-key; the client insists on one.
     with openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60) as c:
         yield c
+
+
+def refusal_times(url: str, body: dict[str, Any]) -> tuple[httpx.Response, float, float]:
+    """``body`` POSTed to ``url`` three times: its response and the fastest of those
+    times, and the slowest of three of the same body refused for a bad max_tokens
+    (read and validated, nothing more): a refusal before any template or token
+    takes about as long as that on any machine, at any load."""
+    post = lambda payload: httpx.post(url, json=payload, timeout=120)  # noqa: E731
+    invalid = {**body, "max_tokens": -1}
+    assert post(invalid).status_code == 400
+    parsed = slowest(lambda: post(invalid))
+    refused, response = fastest(lambda: post(body))
+    return response, refused, parsed
