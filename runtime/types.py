@@ -168,6 +168,26 @@ class Report:
         return " | ".join(parts)
 
 
+DraftState = Literal[
+    "ready", "superseded", "yielded", "no free sequence", "nothing certain", "cache off"
+]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A draft's outcome: ``ready`` tokens of the final prompt are live (of
+    ``prompt_tokens``, the draft's own; ``certain`` could be), ``cached`` of them were
+    live or restored before it ran; ``state`` says how it ended."""
+
+    session_id: str | None
+    prompt_tokens: int
+    certain: int
+    ready: int
+    cached: int
+    state: DraftState
+    ms: float
+
+
 @dataclass(frozen=True)
 class Embeddings:
     """Unit-length vectors, one per input text, and the tokens they took."""

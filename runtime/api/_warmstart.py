@@ -12,13 +12,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from ..serving import SESSION_ID_RULE, Runtime, session_id_problem
-from ..types import SessionInfo
+from ..serving import SESSION_ID_RULE, Runtime, check_request, session_id_problem
+from ..types import Draft, SessionInfo
+from ._admission import for_caller
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
 from ._middleware import caller_of
+from ._openai import SessionHeader, _check_size
 from ._replies import message_json
-from ._schemas import LoadModelRequest, SessionImport, SessionPatch
+from ._schemas import ChatCompletionRequest, LoadModelRequest, SessionImport, SessionPatch
 from ._state import ERRORS, state
 
 # Settings whose values never leave the server.
@@ -55,6 +57,19 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
     return body
 
 
+def draft_json(draft: Draft) -> dict[str, Any]:
+    return {
+        "object": "warmstart.draft",
+        "session_id": draft.session_id,
+        "state": draft.state,
+        "prompt_tokens": draft.prompt_tokens,
+        "certain_tokens": draft.certain,
+        "ready_tokens": draft.ready,
+        "cached_tokens": draft.cached,
+        "ms": round(draft.ms, 1),
+    }
+
+
 def _owner(request: Request) -> str:
     """Whose conversations the request may see: its caller's (runtime/users.py)."""
     return caller_of(request.state).owner
@@ -83,7 +98,28 @@ def build_router() -> APIRouter:
     _add_session_reads(router)
     _add_session_changes(router)
     _add_runtime_routes(router)
+    _add_draft_route(router)
     return router
+
+
+def _add_draft_route(router: APIRouter) -> None:
+    @router.post("/prefill", responses=ERRORS)
+    def prefill(
+        body: ChatCompletionRequest, request: Request, x_warmstart_session: SessionHeader = None
+    ) -> dict[str, Any]:
+        """A draft: the chat as it stands while its last user message is still being
+        typed (or, without one, the conversation the user just opened). The part its
+        final version is certain to share is computed in the background, in the
+        batches that version's cold run uses, and the answer says how many tokens are
+        ready once it stops: done, superseded by a newer draft of the conversation,
+        or yielded to a request. Nothing is generated or stored as a turn."""
+        st = state(request)
+        st.check_model(body.model)
+        _check_size(st, body)
+        draft = for_caller(body.to_request(x_warmstart_session, 1))
+        check_request(draft)
+        with st.using(body.model) as runtime:
+            return draft_json(runtime.prefill_draft(draft))
 
 
 def _add_session_reads(router: APIRouter) -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,8 +31,19 @@ from ..errors import Busy, DiskUnavailable, EngineError, RequestError
 from ..kvstore import DiskTier, MemoryWatcher, RamPool, TieredStore, common_prefix, reset_directory
 from ..policy import Rates, Tuning
 from ..settings import Settings
-from ..types import TIERS, Budget, Embeddings, Report, Request, SessionInfo, StoredResponse, Stream
+from ..types import (
+    TIERS,
+    Budget,
+    Draft,
+    Embeddings,
+    Report,
+    Request,
+    SessionInfo,
+    StoredResponse,
+    Stream,
+)
 from ._admit import Admitted, fit, prepare, prompt_tokens
+from ._draft import DraftJob, draft_key, draft_session, plan_draft
 from ._embeddings import Embedder
 from ._pipeline import Env, Job
 from ._sessions import SessionBook, check_session_id
@@ -217,6 +229,31 @@ class LocalRuntime:
             self.worker.enqueue(job)
             self._requests += 1
         return stream, job
+
+    def prefill_draft(self, request: Request) -> Draft:
+        """Computes the part of a chat's prompt its final version is certain to share
+        (_draft.py), as background work, and waits for it: a newer draft of the same
+        conversation ends it, a request that comes pauses it, the conversation's next
+        request ends it and continues in its sequence."""
+        if not request.messages:
+            raise RequestError("a draft is a chat: messages must not be empty", "messages")
+        sid = draft_session(request)
+        sampling = replace(request.sampling, max_tokens=1)  # (the reply's budget is Enter's)
+        request = replace(request, session_id=sid, sampling=sampling)
+        # no derived id for a first message still being typed: it changes as it grows
+        admitted = replace(self.admit(request), session_id=sid)
+        t = self.tuning
+        plan = plan_draft(self.engine, admitted.request, t.chunk_tokens, t.batch_tile)
+        stream = QueueStream()
+        with self.worker.lock:
+            self._check_room()
+            if len(self.worker.drafts) >= self.settings.max_queue:
+                raise Busy(retry_after=2.0)
+            job = DraftJob(self.env, admitted, stream, plan, draft_key(request))
+            self.worker.enqueue_draft(job)
+        stream.text()
+        assert job.outcome is not None
+        return job.outcome
 
     def on_worker(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` on the worker thread, which owns the engine, between two steps of

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..types import Budget, Embeddings, Request, SessionInfo, StoredResponse, Stream
+from ..types import Budget, Draft, Embeddings, Request, SessionInfo, StoredResponse, Stream
 from ._admit import Admitted
 
 
@@ -34,6 +34,10 @@ class Runtime(Protocol):
       tokens; a ``search`` keeps those whose title or messages contain it. Those of
       requests that named no session (``session_id`` None: a derived id) are left
       out unless ``anonymous``; ``session(id)`` finds them either way.
+    - ``prefill_draft(request)`` computes, as background work, the part of a chat's
+      prompt that its final version is certain to share (the message being typed
+      may still change), and waits for it; returns a ``Draft`` (how many tokens are
+      ready, and why it stopped: a newer draft of the conversation, a request).
     - ``prewarm(id)`` promotes a conversation's cached chunks to RAM; returns tokens
       promoted (0 when unknown or uncached). ``delete_session(id)`` forgets it and
       drops chunks no other conversation uses; returns False when unknown.
@@ -96,6 +100,8 @@ class Runtime(Protocol):
     def session(self, session_id: str, owner: str = "") -> SessionInfo | None: ...
 
     def prewarm(self, session_id: str, *, owner: str = "") -> int: ...
+
+    def prefill_draft(self, request: Request) -> Draft: ...
 
     def delete_session(self, session_id: str, owner: str = "") -> bool: ...
 

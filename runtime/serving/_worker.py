@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..engine import Engine
 from ..errors import EngineError
 from ..types import TIERS
+from ._draft import DraftJob
 from ._pipeline import Job
 from ._streams import QueueStream
 from ._view import ViewBook, WorkerView
@@ -89,6 +90,9 @@ class Worker:
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
         self.waiting: collections.deque[Job] = collections.deque()
+        # drafts (_draft.py) wait apart: they start only while no client waits
+        self.drafts: collections.deque[DraftJob] = collections.deque()
+        self._latest: dict[str, DraftJob] = {}  # each conversation's newest draft
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self.closing = False
         self.in_background = False  # the worker is in a step of background work
@@ -114,6 +118,23 @@ class Worker:
             if self._stoppable is not None:
                 self._stoppable.interrupt(True)
                 self._stopped = True
+            self._idle.clear()
+            self._cv.notify()
+
+    def enqueue_draft(self, job: DraftJob) -> None:
+        """Queues a draft; an older draft of its conversation is superseded: one still
+        queued ends now, one running ends at its next step (its decode stops now)."""
+        with self._cv:
+            old = self._latest.get(job.key)
+            self._latest[job.key] = job
+            if old is not None:
+                old.superseded = True
+                if old in self.drafts:
+                    self.drafts.remove(old)
+                    old.end_unstarted()
+                elif self._stepping is old and self.in_background:
+                    self.engine.interrupt(True)
+            self.drafts.append(job)
             self._idle.clear()
             self._cv.notify()
 
@@ -188,10 +209,12 @@ class Worker:
             with self._cv:
                 # (admission below changes no job's kind; a job queued meanwhile says so)
                 self._set_busy(self._clients_wait(active))
-                while not (self.closing or self.waiting or self._calls or active):
+                while not (self.closing or self.waiting or self._calls or active or self.drafts):
                     self._cv.wait()
                 # stop() drains: a job still waiting (cancelled by a model switch, say)
                 # is admitted and ends, never left without its Done
+                if self.closing:
+                    self._drop_drafts()
                 if self.closing and not active and not self._calls and not self.waiting:
                     return
                 self._preempt_for_followups(active)
@@ -199,6 +222,7 @@ class Worker:
                 while self.waiting and len(active) < self._slots:
                     job = self.waiting.popleft()
                     active.append((job, job.steps()))
+                self._start_draft(active)
                 calls = list(self._calls)
                 self._calls.clear()
             for fn, fut in calls:
@@ -213,7 +237,7 @@ class Worker:
             if self._changed or calls or not active or due:
                 self.publish()
             with self._cv:
-                if not active and not self.waiting:
+                if not active and not self.waiting and not self.drafts:
                     self._idle.set()
 
     def _clients_wait(self, active: Active) -> bool:
@@ -251,9 +275,27 @@ class Worker:
         wait."""
         waiting = {j.admitted.session_id for j in self.waiting if j.admitted.session_id}
         for job, steps in list(active):
-            if job.background and job.admitted.session_id in waiting:
+            if isinstance(job, DraftJob):
+                if any(job.continued_by(other) for other in self.waiting):
+                    job.preempted = True
+                    self._end_now(active, job, steps)
+            elif job.background and job.admitted.session_id in waiting:
                 job.preempted = True
                 self._end_now(active, job, steps)
+
+    def _start_draft(self, active: Active) -> None:
+        """(lock held) The oldest draft starts while no client waits and a sequence
+        is free: it never holds up a request, and yields to one that comes."""
+        if self.drafts and not self._clients_wait(active) and len(active) < self._slots:
+            job = self.drafts.popleft()
+            active.append((job, job.steps()))
+
+    def _drop_drafts(self) -> None:
+        """(lock held) Closing: the drafts not started end as superseded."""
+        while self.drafts:
+            job = self.drafts.popleft()
+            job.superseded = True
+            job.end_unstarted()
 
     def _make_room(self, active: Active) -> None:
         """Requests wait and every resident sequence is taken: work whose client has its
@@ -336,6 +378,11 @@ class Worker:
     def _account(self, job: Job) -> None:
         self._stepped.pop(id(job), None)
         self._changed = True
+        if isinstance(job, DraftJob):  # no request: its tokens count when one comes
+            if self._latest.get(job.key) is job:
+                del self._latest[job.key]
+            self.counters["drafts"] += 1
+            return
         r = job.report
         self.counters["prompt_tokens"] += r.prompt_tokens
         self.counters["completion_tokens"] += r.completion_tokens
