@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..engine import Resident
-from ..kvstore import aligned_cuts, common_prefix
+from ..kvstore import LoadPlan, aligned_cuts, common_prefix
 from ..types import Draft, DraftState, Message, Request
 from ._admit import Admitted, Prompter
 from ._pipeline import Env, Job
@@ -83,13 +83,13 @@ def draft_session(request: Request) -> str | None:
 
 
 def draft_key(request: Request) -> str:
-    """Which drafts supersede each other: those of one conversation (by its id, else
-    by everything before the message being typed)."""
+    """Which drafts supersede each other: those of one conversation of one user (by
+    its id, else by everything before the message being typed)."""
     sid = draft_session(request)
-    if sid is not None:
-        return sid
-    text = "\0".join(f"{m.role}:{m.content}" for m in _before_typed(request.messages))
-    return "~" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    if sid is None:
+        text = "\0".join(f"{m.role}:{m.content}" for m in _before_typed(request.messages))
+        sid = "~" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    return f"{request.owner}\0{request.cache_scope}\0{sid}"
 
 
 def _before_typed(messages: Sequence[Message]) -> Sequence[Message]:
@@ -117,6 +117,8 @@ class DraftJob(Job):
     def continued_by(self, other: Job) -> bool:
         """Is ``other`` (a request waiting) this draft's conversation going on? Then
         the draft ends at once, and ``other`` continues in its sequence."""
+        if other.request.cache_scope != self.request.cache_scope:
+            return False  # another user's, or another cache_salt's
         sid = self.admitted.session_id
         if sid is not None and other.admitted.session_id is not None:
             return sid == other.admitted.session_id
@@ -146,7 +148,10 @@ class DraftJob(Job):
         try:
             sid = self.admitted.session_id
             claim_cuts = [*self.cuts, len(self.ids) + 1]  # no last batch to recompute
-            res, live = engine.claim(self.ids, claim_cuts, sid, True, plan.end, self._kept)
+            scope = self.request.cache_scope  # (another user's live prefix is never one)
+            res, live = engine.claim(
+                self.ids, claim_cuts, sid, True, plan.end, self._kept, scope
+            )
         except BaseException:
             self._complete_load(plan)
             raise
@@ -167,6 +172,15 @@ class DraftJob(Job):
         finally:
             engine.release(res)
 
+    def _prepare_load(self) -> LoadPlan:
+        """The stored chunks of the certain part (every batch of it: no last one is
+        left to compute for logits), pinned until _complete_load."""
+        store, staging = self.env.store, self.env.staging
+        if not self.cached or store is None:
+            return LoadPlan()
+        room = 0 if staging is None else staging.nbytes
+        return store.prepare_load(self.ids, self.cuts, room, self.request.cache_scope)
+
     def _state(self) -> DraftState:
         if self.ready >= self.plan.certain:
             return "ready"
@@ -178,7 +192,7 @@ class DraftJob(Job):
         sid = self.admitted.session_id
 
         def free(r: Resident) -> bool:
-            mine = sid is not None and r.session == sid
+            mine = sid is not None and r.session == sid and r.scope == self.request.cache_scope
             return not r.tokens or mine or self._kept(r) >= len(r.tokens)
 
         return any(not r.busy and free(r) for r in self.env.engine.residents)
