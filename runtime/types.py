@@ -140,6 +140,9 @@ class Report:
     trimmed_messages: int = 0  # earliest turns left out so the conversation fits
     # the stop string (of Sampling.stop) that ended the reply; None: any other end
     stop_sequence: str | None = None
+    # where the prompt first differs from its conversation's last one, when it reused
+    # less than that (runtime/serving/_divergence.py Divergence.as_dict)
+    divergence: dict[str, Any] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -165,6 +168,8 @@ class Report:
         parts.append(f"TTFT {self.ttft_ms:.1f} ms")
         if self.trimmed_messages:
             parts.append(f"{self.trimmed_messages} earliest messages left out to fit")
+        if self.divergence:
+            parts.append(f"recomputed from {self.divergence['text']}")
         return " | ".join(parts)
 
 
@@ -283,6 +288,9 @@ class SessionInfo:
     tiers: dict[str, int]  # tokens of this conversation's cached prefix per tier
     messages: tuple[Message, ...] = ()
     anonymous: bool = False  # its requests named no conversation: not listed by default
+    # why its last prompt that reused less than the one before was recomputed
+    # (runtime/serving/_divergence.py), while the runtime that served it runs
+    divergence: str | None = None
 
     @property
     def location(self) -> str:

@@ -50,6 +50,7 @@ def _session(info: SessionInfo, *, messages: bool) -> dict[str, Any]:
         "anonymous": info.anonymous,
     }
     if messages:
+        body["last_divergence"] = info.divergence
         body["messages"] = [
             {**message_json(m), **({"interrupted": True} if m.interrupted else {})}
             for m in info.messages

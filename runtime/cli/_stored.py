@@ -38,6 +38,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             for m in found["messages"]:
                 mark = " [interrupted]" if m.get("interrupted") else ""
                 print(f"{m['role']}: {m['content']}{mark}\n")
+            if found.get("last_divergence"):
+                print(f"last prompt recomputed from {found['last_divergence']}")
             return 0
         ok = server.delete_session(args.id)
         print("deleted" if ok else f"no session {args.id}")

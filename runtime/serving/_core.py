@@ -43,6 +43,7 @@ from ..types import (
     Stream,
 )
 from ._admit import Admitted, fit, prepare, prompt_tokens
+from ._divergence import Prompts
 from ._draft import DraftJob, draft_key, draft_session, plan_draft
 from ._embeddings import Embedder
 from ._pipeline import Env, Job
@@ -98,6 +99,7 @@ class LocalRuntime:
             self.tuning,
             self.rates,
             self.book,
+            Prompts(),
         )
         self._requests = 0  # counted by the submitting threads, under the worker's lock
         self._background: list[tuple[threading.Thread, threading.Event]] = []
@@ -306,9 +308,11 @@ class LocalRuntime:
             tiers["live"] = max(
                 (common_prefix(r.tokens, tokens) for r in self.view.residents), default=0
             )
+        said = self.env.prompts.last_said(row.owner, row.id) if self.env.prompts else None
         return SessionInfo(
             *(row.id, row.title, row.created, row.updated, row.n_tokens, tiers),
             *(row.messages, row.anonymous),
+            divergence=said.text() if said is not None else None,
         )
 
     def sessions(

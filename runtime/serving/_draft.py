@@ -149,9 +149,7 @@ class DraftJob(Job):
             sid = self.admitted.session_id
             claim_cuts = [*self.cuts, len(self.ids) + 1]  # no last batch to recompute
             scope = self.request.cache_scope  # (another user's live prefix is never one)
-            res, live = engine.claim(
-                self.ids, claim_cuts, sid, True, plan.end, self._kept, scope
-            )
+            res, live = engine.claim(self.ids, claim_cuts, sid, True, plan.end, self._kept, scope)
         except BaseException:
             self._complete_load(plan)
             raise

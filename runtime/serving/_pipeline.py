@@ -39,6 +39,7 @@ from ._streams import QueueStream
 
 if TYPE_CHECKING:
     from ._admit import Admitted
+    from ._divergence import Prompts
     from ._sessions import SessionBook
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Env:
     tuning: Tuning
     rates: Rates
     sessions: SessionBook | None
+    prompts: Prompts | None = None  # each conversation's last prompt (_divergence.py)
 
 
 class Job:
@@ -135,6 +137,7 @@ class Job:
                 have = self._restore(res, live, plan)
             finally:
                 self._complete_load(plan)
+            self._explain(have)
             self.to_prefill = len(self.ids) - have
             yield
             t1 = time.perf_counter()
@@ -148,6 +151,7 @@ class Job:
             # the conversation is listed before its client hears Done; its chunks'
             # key follows once they are captured
             self._save_session(None, len(res.tokens))
+            self._remember()
             self.stream.finish(self.report, self.reply_message)
             self.background = True
             yield
@@ -262,6 +266,22 @@ class Job:
         leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
         if leaf is not None:
             self._save_session(leaf, len(res.tokens), kept=True)
+
+    def _explain(self, have: int) -> None:
+        """Why this prompt reused less than its conversation's last one, pointed at the
+        text (_divergence.py): in its report (``x_warmstart``) and the log."""
+        prompts, engine = self.env.prompts, self.env.engine
+        if prompts is None or not self.cached or have >= len(self.ids):
+            return
+        found = prompts.explain(self.admitted, have, engine.fingerprint, self.env.sessions)
+        if found is not None:
+            self.report.divergence = found.as_dict()
+            log.info("conversation %s recomputed from %s", self.admitted.session_id, found.text())
+
+    def _remember(self) -> None:
+        if self.env.prompts is not None and self.cached:
+            reply = self.reply_message or Message("assistant", self.reply or "")
+            self.env.prompts.remember(self.admitted, reply, self.env.engine.fingerprint)
 
     @cached_property
     def _chunk_ends(self) -> set[int]:
