@@ -360,6 +360,19 @@ class ApiClient:
                 return False
             raise
 
+    def prefill(
+        self, messages: list[dict[str, str]], *, session_id: str, model: str | None
+    ) -> dict[str, Any] | None:
+        """A draft (``POST /v1/warmstart/prefill``): the server computes what the
+        message being typed is certain to share, and answers once that stops with
+        ``ready_tokens`` of ``prompt_tokens``; None when it has no such route."""
+        body = {"model": model or "default", "messages": messages, "user": session_id}
+        headers = {SESSION_HEADER: session_id}
+        data = self._warmstart_json(
+            "POST", "prefill", json=body, headers=headers, timeout=LOAD_TIMEOUT
+        )
+        return data if isinstance(data, dict) else None
+
     def stats(self) -> dict[str, Any] | None:
         data = self._warmstart_json("GET", "stats")
         return data if isinstance(data, dict) else None

@@ -32,6 +32,8 @@ class Preferences:
     model: str = ""  # "" = the server's default; else a model id or a GGUF path
     sampling: Sampling = field(default_factory=Sampling)
     system_prompt: str = ""
+    # drafts sent while typing (issue 40): "auto" (on, off on battery), "on", "off"
+    drafts: str = "auto"
     # Threshold overrides by setting name; applied as WARMSTART_<NAME> when the app
     # starts the local server. Absent = automatic (the server's policy decides).
     overrides: dict[str, str] = field(default_factory=dict)

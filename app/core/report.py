@@ -41,6 +41,9 @@ class ReplyReport:
     decision: str = ""
     cached_tokens: int = 0
     warmstart: bool = False  # False: only the OpenAI ``usage`` was available
+    # why the prompt reused less than its conversation's previous one (x_warmstart's
+    # divergence text), "" when it did not
+    divergence: str = ""
 
     @property
     def prefilled_tokens(self) -> int:
@@ -92,6 +95,7 @@ class ReplyReport:
             decision=str(x.get("decision") or ""),
             cached_tokens=cached,
             warmstart=True,
+            divergence=_divergence(x.get("divergence")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -107,12 +111,17 @@ class ReplyReport:
             "decision": self.decision,
             "cached_tokens": self.cached_tokens,
             "warmstart": self.warmstart,
+            "divergence": self.divergence,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplyReport:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+def _divergence(value: Any) -> str:
+    return str(value.get("text") or "") if isinstance(value, dict) else ""
 
 
 def _ms(value: float) -> str:
@@ -146,6 +155,8 @@ def format_status(report: ReplyReport) -> str:
         text += " · stopped"
     elif report.finish_reason == "length":
         text += " · cut at max tokens"
+    if report.divergence:
+        text += f" · recomputed from {report.divergence}"
     return text
 
 

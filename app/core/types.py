@@ -167,6 +167,13 @@ class Backend(Protocol):
 
     def prewarm(self, session_id: str) -> bool: ...
 
+    def prefill(
+        self, messages: list[dict[str, str]], *, session_id: str, model: str | None
+    ) -> dict[str, Any] | None:
+        """Sends a draft of the conversation (the message being typed last, or none):
+        ``{"ready_tokens", "prompt_tokens", "state", ...}``; None when unsupported."""
+        ...
+
     def stats(self) -> dict[str, Any] | None: ...
 
     def server_settings(self) -> dict[str, ServerSetting] | None: ...

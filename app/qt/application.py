@@ -27,6 +27,7 @@ from ..core.types import Backend
 from .controllers import (
     ChatController,
     ConnectionController,
+    DraftController,
     LibraryController,
     MemoryController,
     ModelController,
@@ -113,6 +114,7 @@ class WarmstartApp:
             self.history, self.connection, self.jobs, lambda: self.prefs,
             model=self.models.request_model,
         )  # fmt: skip
+        self.drafts = DraftController(self.chat, self.connection, self.jobs, lambda: self.prefs)
         self.conversations = ConversationListModel()
         self.library = LibraryController(
             self.history, self.conversations, self.connection, self.jobs

@@ -45,6 +45,8 @@ def _chat(app: WarmstartApp) -> None:
     chat.conversations_changed.connect(app.library.reload)
     chat.conversations_changed.connect(lambda: app.actions.select(chat.current))
     chat.report_received.connect(app.memory.add_report)
+    view.draft_edited.connect(app.drafts.edited)
+    app.drafts.ready.connect(view.set_ready)
     chat.opened.connect(
         lambda cid, msgs: app.memory.recall(cid, [m.report for m in msgs if m.report])
     )

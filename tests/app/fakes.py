@@ -64,6 +64,7 @@ class FakeBackend:
         self.requests: list[dict[str, Any]] = []
         self.known: dict[str, int] = {}
         self.prewarmed: list[str] = []
+        self.drafts: list[tuple[str, list[dict[str, str]]]] = []
         self.deleted: list[str] = []
         # what a warmstart server keeps of each conversation: its messages and title
         self.kept: dict[str, dict[str, Any]] = {}
@@ -178,6 +179,14 @@ class FakeBackend:
     def prewarm(self, session_id: str) -> bool:
         self.prewarmed.append(session_id)
         return True
+
+    def prefill(
+        self, messages: list[dict[str, str]], *, session_id: str, model: str | None
+    ) -> dict[str, Any] | None:
+        self._check()
+        self.drafts.append((session_id, messages))
+        n = sum(len(m["content"].split()) for m in messages)
+        return {"ready_tokens": max(0, n - 2), "prompt_tokens": n, "state": "ready"}
 
     def stats(self) -> dict[str, Any] | None:
         self._check()

@@ -2,6 +2,7 @@
 
 from .chat import ChatController
 from .connection import ConnectionController
+from .drafts import DraftController
 from .library import LibraryController
 from .memory import MemoryController, ReplyPoint
 from .models import ModelController
@@ -9,6 +10,7 @@ from .models import ModelController
 __all__ = [
     "ChatController",
     "ConnectionController",
+    "DraftController",
     "LibraryController",
     "MemoryController",
     "ModelController",

@@ -237,6 +237,16 @@ class ChatController(QObject):
     def editing(self) -> bool:
         return self._editing is not None
 
+    def api_messages(self, cid: str) -> list[dict[str, str]]:
+        """The conversation as a request sends it (the system prompt first)."""
+        history = [m.as_api() for m in self._store.messages(cid)]
+        system = self._prefs().system_prompt
+        return [{"role": "system", "content": system}, *history] if system else history
+
+    def model(self) -> str | None:
+        """The model requests name."""
+        return self._model()
+
     def last_reply(self) -> str:
         return next((m.content for m in reversed(self.messages()) if m.role == "assistant"), "")
 
@@ -250,11 +260,8 @@ class ChatController(QObject):
             self.status.emit("Waiting for the server; the message goes out when it is ready…")
             return
         prefs = self._prefs()
-        history = [m.as_api() for m in self._store.messages(cid)]
-        if prefs.system_prompt:
-            history.insert(0, {"role": "system", "content": prefs.system_prompt})
         stream = self._connection.backend.chat(
-            history, session_id=cid, model=self._model(), sampling=prefs.sampling
+            self.api_messages(cid), session_id=cid, model=self._model(), sampling=prefs.sampling
         )
         if isinstance(self._store, ServerHistory):
             self._store.hold(cid)

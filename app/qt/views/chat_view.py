@@ -170,6 +170,7 @@ class Banner(QFrame):
 
 class ChatView(QWidget):
     send_requested = Signal(str)
+    draft_edited = Signal(str)  # the message box's text, at each change
     stop_requested = Signal()
     regenerate_requested = Signal()
     edit_requested = Signal()
@@ -230,6 +231,15 @@ class ChatView(QWidget):
         row.addWidget(self.composer, 1)
         row.addLayout(buttons)
         layout.addLayout(row)
+        # how much of the draft the server has computed: quiet, under the message box
+        self.draft_label = QLabel("")
+        self.draft_label.setObjectName("muted")
+        self.draft_label.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.draft_label.hide()
+        layout.addWidget(self.draft_label)
+        self.composer.textChanged.connect(
+            lambda: self.draft_edited.emit(self.composer.toPlainText())
+        )
 
     # -- messages ----------------------------------------------------------------------
 
@@ -288,6 +298,11 @@ class ChatView(QWidget):
         self.stop_button.setVisible(busy)
         self.send_button.setEnabled(not busy and not self._held)
         self._update_actions(busy)
+
+    def set_ready(self, text: str) -> None:
+        """How much of the draft is ready ("" hides it)."""
+        self.draft_label.setText(text)
+        self.draft_label.setVisible(bool(text))
 
     def set_draft(self, text: str) -> None:
         self.composer.setPlainText(text)
