@@ -11,11 +11,14 @@ from .._lazy import on_first_use as _on_first_use
 
 if TYPE_CHECKING:
     from ._bench import run_bench
+    from ._paste import render_paste, run_paste
 
 __all__ = [
+    "render_paste",
     "run_bench",
+    "run_paste",
 ]
 
-_WHERE = {"run_bench": "._bench"}
+_WHERE = {"run_bench": "._bench", "run_paste": "._paste", "render_paste": "._paste"}
 
 __getattr__ = _on_first_use(__name__, _WHERE)

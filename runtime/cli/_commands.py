@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import shlex
@@ -169,6 +170,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import run_bench
+
+    if args.paste:
+        from ..bench import render_paste, run_paste
+
+        result = run_paste(settings_from(args), args.paste, args.type_seconds)
+        print(json.dumps(result, indent=2) if args.json else render_paste(result))
+        return 0
 
     return run_bench(
         settings_from(args),

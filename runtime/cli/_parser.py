@@ -150,6 +150,19 @@ def _add_service_commands(commands: _Commands) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="a small workload (for smoke tests)")
     p.add_argument("--system-tokens", type=int, default=2000)
+    p.add_argument(
+        "--paste",
+        type=int,
+        metavar="TOKENS",
+        help="the paste scenario instead: a text of about TOKENS tokens pasted, a question "
+        "typed with drafts, then Enter (TTFT with and without drafts, and a live hit's)",
+    )
+    p.add_argument(
+        "--type-seconds",
+        type=float,
+        default=30.0,
+        help="how long the question takes to type in the paste scenario (default 30)",
+    )
     p.add_argument("--conversations", type=int, default=20)
     p = commands.add(
         "doctor", cmd_doctor, "print the machine, its measurements and the thresholds chosen"

@@ -287,7 +287,10 @@ class Worker:
         """(lock held) The oldest draft starts while no client waits and a sequence
         is free: it never holds up a request, and yields to one that comes."""
         if self.drafts and not self._clients_wait(active) and len(active) < self._slots:
-            job = self.drafts.popleft()
+            job = self.drafts[0]
+            if any(isinstance(j, DraftJob) and j.key == job.key for j, _ in active):
+                return  # the one it supersedes ends first: it goes on in that sequence
+            self.drafts.popleft()
             active.append((job, job.steps()))
 
     def _drop_drafts(self) -> None:
