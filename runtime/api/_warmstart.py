@@ -14,11 +14,11 @@ from fastapi.responses import PlainTextResponse, Response
 
 from ..serving import SESSION_ID_RULE, Runtime, check_request, session_id_problem
 from ..types import Draft, SessionInfo
-from ._admission import for_caller
+from ._admission import Size, check_size, for_caller
 from ._errors import APIError
 from ._metrics import CONTENT_TYPE
 from ._middleware import caller_of
-from ._openai import SessionHeader, _check_size
+from ._openai import SessionHeader
 from ._replies import message_json
 from ._schemas import ChatCompletionRequest, LoadModelRequest, SessionImport, SessionPatch
 from ._state import ERRORS, state
@@ -116,7 +116,7 @@ def _add_draft_route(router: APIRouter) -> None:
         or yielded to a request. Nothing is generated or stored as a turn."""
         st = state(request)
         st.check_model(body.model)
-        _check_size(st, body)
+        check_size(st, Size(len(body.messages), body.text_chars()), "messages")
         draft = for_caller(body.to_request(x_warmstart_session, 1))
         check_request(draft)
         with st.using(body.model) as runtime:
