@@ -342,18 +342,25 @@ class _OnWorker:
         self.kv_bytes_per_token = target.kv_bytes_per_token
         self.kv_layout: tuple[dict[str, Any], ...] | None = None
 
-    def _run(self, fn: Callable[[], Any]) -> Any:
+    def quiet(self, *_progress: object) -> None:
+        """Returns once the worker has been idle for ``IDLE_S``; the calibration's
+        progress callback too, so that its measurements without the model (RAM, disk,
+        zstd: seconds of a core each) start only while no client waits either."""
         while not self._stop.is_set():
             idle = self._rt.worker.wait_idle(0.5)
             if idle and not self._stop.wait(self.IDLE_S) and self._rt.worker.wait_idle(0):
-                out, stopped = self._rt.on_worker(lambda: self._measure(fn))
-                if stopped:
-                    continue
+                return
+        raise _Stopped
+
+    def _run(self, fn: Callable[[], Any]) -> Any:
+        while True:
+            self.quiet()
+            out, stopped = self._rt.on_worker(lambda: self._measure(fn))
+            if not stopped:
                 # measured on the context the target makes for them (see the protocol)
                 self.kv_bytes_per_token = self._target.kv_bytes_per_token
                 self.kv_layout = self._target.kv_layout
                 return out
-        raise _Stopped
 
     def _measure(self, fn: Callable[[], Any]) -> tuple[Any, bool]:
         """On the worker thread: ``fn`` as work a request stops (and nothing left of it)."""
@@ -391,10 +398,12 @@ def start_calibration(
     def run() -> None:
         target = _CalibrationTarget(loaded, settings)
         try:
+            on_worker = _OnWorker(target, rt, stop)
             cal, _ = load_or_calibrate(
-                _OnWorker(target, rt, stop),
+                on_worker,
                 profile,
                 _calibration_file(settings),
+                progress=on_worker.quiet,
                 cache_dir=settings.effective_cache_dir,
                 background=True,
             )
