@@ -216,9 +216,18 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
         except PeerError as exc:
             log.warning("hearth-llm left out: %s", exc)
             args.systems.remove("hearth")
-    extra = shlex.split(args.warmstart_args)
     model = resolve_model(args.model, args.cache)
-    return Setup(model, args.threads, extra, binary, hearth, args.llama_server_fa)
+    return Setup(model, args.threads, warmstart_args(args), binary, hearth, args.llama_server_fa)
+
+
+def warmstart_args(args: argparse.Namespace) -> list[str]:
+    """``--warmstart-args``; with ``--long``, a conversation's context as long as
+    llama-server's one slot (the policy's 4,096 tokens hold no ~6,000-token document),
+    unless they set one."""
+    extra = shlex.split(args.warmstart_args)
+    if args.long and not any(a.startswith("--n-ctx") for a in extra):
+        extra += ["--n-ctx", str(TOTAL_CTX)]
+    return extra
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,6 +196,15 @@ def test_the_long_document_sends_three_turns_at_once() -> None:
     assert "A turn 3" not in _peers.FIRST_LABELS  # the usual scenario has two turns
 
 
+def test_the_long_document_fits_warmstarts_context() -> None:
+    """Each conversation gets llama-server's one slot of context, unless told."""
+    args = bench_peers.parse_args(["--long", "--warmstart-args", "--n-threads 1"])
+    assert bench_peers.warmstart_args(args) == ["--n-threads", "1", "--n-ctx", "8192"]
+    args = bench_peers.parse_args(["--long", "--warmstart-args", "--n-ctx 16384"])
+    assert bench_peers.warmstart_args(args) == ["--n-ctx", "16384"]
+    assert bench_peers.warmstart_args(bench_peers.parse_args([])) == []
+
+
 def test_prompts_are_sized_in_tokens_for_the_model() -> None:
     """A synthetic model's byte vocabulary takes far fewer characters a token."""
     ours = _peers.Prompts.make(False)
