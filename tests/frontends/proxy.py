@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -80,6 +81,7 @@ class Exchange:
 class Recorder:
     """The exchanges so far, and how many requests are still open."""
 
+    log: Path | None = None  # each exchange's line is appended as it ends
     exchanges: list[Exchange] = field(default_factory=list)
     in_flight: int = 0
     changed: float = field(default_factory=time.monotonic)
@@ -95,6 +97,9 @@ class Recorder:
             self.in_flight -= 1
             self.exchanges.append(exchange)
             self.changed = time.monotonic()
+            if self.log is not None:
+                with self.log.open("a") as out:
+                    out.write(exchange.line() + "\n")
 
     def snapshot(self) -> list[Exchange]:
         with self._lock:

@@ -54,10 +54,13 @@ def _repo(path: Path) -> None:
     for name, text in FILES.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
-    git = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
+    git = ["git", "-C", str(path)]
     subprocess.run(["git", "init", "-q", str(path)], check=True)
-    subprocess.run([*git, "-C", str(path), "add", "."], check=True)
-    subprocess.run([*git, "-C", str(path), "commit", "-q", "-m", "shapes"], check=True)
+    # the repository's own identity: aider commits its edits with it
+    subprocess.run([*git, "config", "user.name", "Test"], check=True)
+    subprocess.run([*git, "config", "user.email", "test@example.com"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "shapes"], check=True)
 
 
 def aider_args(base_url: str, message: str, *more: str) -> list[str]:
@@ -67,6 +70,7 @@ def aider_args(base_url: str, message: str, *more: str) -> list[str]:
         "--openai-api-base", base_url + "/v1",
         "--openai-api-key", "local",
         "--model-metadata-file", "model-metadata.json",
+        "--model-settings-file", "model-settings.yml",
         "--no-show-model-warnings", "--no-check-update", "--no-analytics",
         "--no-show-release-notes", "--no-pretty", "--no-fancy-input", "--yes-always",
         "--message", message, *more,
@@ -81,6 +85,14 @@ def _metadata(workdir: Path, n_ctx: int) -> None:
     card["litellm_provider"] = "openai"
     card["mode"] = "chat"
     (workdir / "model-metadata.json").write_text(json.dumps({f"openai/{MODEL}": card}))
+
+
+def _settings(workdir: Path) -> None:
+    """Replies held to 200 tokens: the small default model can repeat a line until it
+    reaches the context's end, which took minutes a reply on a busy 2-core machine."""
+    (workdir / "model-settings.yml").write_text(
+        f"- name: openai/{MODEL}\n  edit_format: whole\n  extra_params:\n    max_tokens: 200\n"
+    )
 
 
 def _run_aider(venv: Path, repo: Path, home: Path, args: list[str], log: Path) -> None:
@@ -121,8 +133,11 @@ def test_aider_two_edits(warmstart: Server, venvs: Path, out_dir: Path, tmp_path
     _repo(repo)
     n_ctx = httpx.get(warmstart.v1 + "/models").json()["data"][0]["n_ctx"]
     _metadata(repo, n_ctx)
-    recorder, log = Recorder(), out_dir / "aider.log"
+    _settings(repo)
+    log, routes = out_dir / "aider.log", out_dir / "routes-aider.log"
     log.write_text("")
+    routes.write_text("")
+    recorder = Recorder(log=routes)
     with serving(recording_app(warmstart.base_url, recorder)) as proxy:
         first = aider_args(proxy, EDITS[0], "shapes/square.py")
         _run_aider(venvs / "aider", repo, home, first, log)
@@ -131,7 +146,6 @@ def test_aider_two_edits(warmstart: Server, venvs: Path, out_dir: Path, tmp_path
         _run_aider(venvs / "aider", repo, home, second, log)
     exchanges = recorder.snapshot()
     lines = [e.line() for e in exchanges]
-    (out_dir / "routes-aider.log").write_text("\n".join(lines) + "\n")
     asks: list[Exchange] = [e for e in exchanges if e.is_generation]
     assert asks and len(asks) > runs, lines
     later = asks[runs]

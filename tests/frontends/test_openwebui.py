@@ -91,7 +91,9 @@ def _summary(kind: str, exchanges: list[Exchange]) -> dict[str, object]:
 def test_open_webui_session(
     kind: str, warmstart: Server, venvs: Path, out_dir: Path, tmp_path: Path
 ) -> None:
-    recorder, refused = Recorder(), []
+    routes = out_dir / f"routes-{kind}.log"
+    routes.write_text("")
+    recorder, refused = Recorder(log=routes), []
     shots = out_dir / f"open-webui-{kind}"
     shots.mkdir(exist_ok=True)
     with (
@@ -105,8 +107,6 @@ def test_open_webui_session(
             _session(ui, QUESTIONS[kind], shots)
         finally:
             page.screenshot(path=shots / "last.png")
-            lines = [e.line() for e in recorder.snapshot()]
-            (out_dir / f"routes-{kind}.log").write_text("\n".join(lines) + "\n")
     exchanges = recorder.snapshot()
     summary = _summary(kind, exchanges)
     summary["refused_off_origin"] = sorted(set(refused))
