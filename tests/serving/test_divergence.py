@@ -100,3 +100,26 @@ def test_no_text_of_another_conversation_is_shown(make_runtime, tmp_path) -> Non
     other = [_system("12:02"), secret, Message("assistant", "Blue."), Message("user", "Why?")]
     _, done = _ask(rt, other, None)
     assert done.report.divergence is None  # (beyond the opening: maybe another's text)
+
+
+def test_another_users_conversation_of_the_same_id_is_never_compared() -> None:
+    """Per-user keys: two people may name a conversation alike; each one's previous
+    prompt is theirs only (owner and cache scope are part of its name)."""
+    from warmstart.runtime.serving._admit import Admitted
+    from warmstart.runtime.serving._divergence import Prompts
+
+    def admitted(owner: str, clock: str) -> Admitted:
+        request = Request(
+            messages=(_system(clock), Message("user", f"{owner}'s secret question")),
+            session_id="s1",
+            owner=owner,
+            cache_scope=owner,
+        )
+        return Admitted(request, tuple(range(60)), (), "s1", None, "fp")
+
+    prompts = Prompts()
+    prompts.remember(admitted("alice", "12:02"), Message("assistant", "A."), "fp")
+    assert prompts.explain(admitted("bob", "12:03"), 10, "fp") is None
+    found = prompts.explain(admitted("alice", "12:03"), 10, "fp")
+    assert found is not None and found.where == "system message"
+    assert prompts.last_said("bob", "s1") is None
