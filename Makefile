@@ -54,9 +54,9 @@ run: $(VENV)/.run-installed
 	$(BIN)/warmstart ask "$(QUESTION)"
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check runtime app tests installers/gpu installers/llama_wheel.py
-	$(BIN)/ruff format --check runtime app tests installers/gpu installers/llama_wheel.py
-	$(BIN)/mypy runtime app installers/gpu installers/llama_wheel.py
+	$(BIN)/ruff check runtime app tests installers/gpu installers/llama_wheel.py installers/llama_patches.py
+	$(BIN)/ruff format --check runtime app tests installers/gpu installers/llama_wheel.py installers/llama_patches.py
+	$(BIN)/mypy runtime app installers/gpu installers/llama_wheel.py installers/llama_patches.py
 
 pytest: $(VENV)/.dev-installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider

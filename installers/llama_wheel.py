@@ -35,35 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+if __package__:
+    from .llama_patches import PATCH_TAG, SOURCE_PATCHES
+else:  # run as a script (python installers/llama_wheel.py), before warmstart is installed
+    from llama_patches import PATCH_TAG, SOURCE_PATCHES  # type: ignore[import-not-found,no-redef]
+
 PACKAGE = "llama-cpp-python"
 FLAGS_FILE = "build-flags"
-# warmstart's llama.cpp differs from upstream's in one place. Its CPU flash attention
-# computes a batch of 64 query tokens or more in tiles of 64 rows, and a shorter one a
-# row at a time, which costs about a decode step a token: a chat's new message (10 to
-# 60 tokens) took 0.27 s for 12 tokens and 1.4 s for 63 after 1,900 tokens of context,
-# a 64-token batch 0.31 s. Built here, a batch of 8 to 63 goes in tiles of 16 rows by
-# the same code: 12 tokens took 0.09 s and 63 tokens 0.31 s, and a token's result is
-# the same bytes as in a batch of 64 or more (a tile's rows do not touch each other),
-# which the calibration proves (batch kinds from 8: runtime/hardware/_calibrate.py).
-# The tag goes into the version (0.3.36+warmstart.<tag>), so into the fingerprint every
-# stored KV carries, and into the wheel cache's key.
-PATCH_TAG = "shorttiles1"
-_OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
-SOURCE_PATCHES: tuple[tuple[str, str, str], ...] = (  # (file, upstream's text, ours)
-    (_OPS, "static void ggml_compute_forward_flash_attn_ext_tiled(\n",
-     "template <int Q_TILE_SZ>\nstatic void ggml_compute_forward_flash_attn_ext_tiled(\n"),
-    (_OPS, "    static constexpr int Q_TILE_SZ  = ggml_fa_tile_config::Q;\n"
-           "    static constexpr int KV_TILE_SZ = ggml_fa_tile_config::KV;\n",
-     "    static constexpr int KV_TILE_SZ = ggml_fa_tile_config::KV;\n"),
-    (_OPS, "neq1 >= Q_TILE_SZ);", "neq1 >= 8);"),
-    (_OPS, "                ggml_compute_forward_flash_attn_ext_tiled(params, dst, ir0, ir1);\n",
-     "                if (neq1 >= Q_TILE_SZ) {\n"
-     "                    ggml_compute_forward_flash_attn_ext_tiled<Q_TILE_SZ>"
-     "(params, dst, ir0, ir1);\n"
-     "                } else {\n"
-     "                    ggml_compute_forward_flash_attn_ext_tiled<16>(params, dst, ir0, ir1);\n"
-     "                }\n"),
-)  # fmt: skip
 _VERSION_LINE = re.compile(r'^__version__ = "([^"+]+)"$', re.MULTILINE)
 EXPECTED = "10-20 min on 2 cores"  # the CPU build, measured; a GPU one takes longer
 _STEP = re.compile(r"^\s*\[\s*(\d+)/(\d+)\]\s+(.*)$")  # ninja: [12/180] command

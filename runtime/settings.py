@@ -115,6 +115,15 @@ class Settings(BaseSettings):
         "least this many tokens (the calibration checks it), batches of one kind are "
         "prefilled together (0: only whole aligned chunks are)",
     )
+    decode_batch: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="replies decoded together in one step, a token each (1: one at a "
+        "time). Default: as many as the calibration proved give each reply the bits it "
+        "gets alone (up to 8), else 1. Set above that, concurrent replies are faster but "
+        "may differ from --no-cache in their last bits",
+    )
     exact_replies: bool = Field(
         True,
         description="no effect, kept so that older configs load: a cached turn always "

@@ -6,8 +6,8 @@
 #   install    carried wheels + llama-cpp-python built for sm_90     $OUT/install.err
 #   diagnose   installers/gpu/diagnose.py, the load crash, case by case  $OUT/diagnosis/
 #   figures-*  installers/gpu/gpu_check.py on the default model's geometry, then the 8B's
-#              (verdicts, equivalence, bench's own figures, restore/recompute sweep, serve,
-#              loads)                                                $OUT/gpu-check-*.json
+#              (verdicts, equivalence, batched decode on the small one, bench's own
+#              figures, restore/recompute sweep, serve, loads)      $OUT/gpu-check-*.json
 #   bench-small `warmstart bench --quick` whole (its peers and fresh processes too)
 #   summary    $OUT/summary.md (rewritten after every step), steps in $OUT/steps.tsv
 #
@@ -146,8 +146,8 @@ step diagnose 200 "$PYTHON" installers/gpu/diagnose.py --out "$OUT/diagnosis" --
     --big "$BIG" "${DIAG[@]}"
 # the small model first: quick, and a canary for the big one
 step figures-small 120 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-small.json" \
-    --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --serve --no-loads \
-    "${SMALL_BENCH[@]}"
+    --work "$WORK" --geometry "$SMALL" --sweep "$SMALL_SWEEP" --equivalence --batched-decode \
+    --serve --no-loads "${SMALL_BENCH[@]}"
 step figures-big 240 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-big.json" \
     --work "$WORK" --geometry "$BIG" --sweep "$SWEEP" --equivalence --serve "${BIG_BENCH[@]}"
 step bench-small 100 "$PYTHON" installers/gpu/gpu_check.py --out "$OUT/gpu-check-bench.json" \

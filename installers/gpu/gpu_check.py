@@ -21,6 +21,10 @@ check.sh prepares that on a machine without network. Sections:
   policy's;
 - ``equivalence``: greedy replies cold, from the live context and from the RAM pool
   against ``use_cache=False`` (``--equivalence``);
+- ``batched_decode``: 2, 4 and 8 replies decoded in one batch against each decoded
+  alone, every layer offloaded (runtime/engine/_decode_probe.py; ``--batched-decode``):
+  whether each step's logits and KV are bit-identical, which is what decides whether a
+  GPU build may decode replies together (docs/batched-decode.md);
 - ``bench``: ``warmstart bench --json`` on it with every layer offloaded
   (cold, live, RAM-hit and disk-hit TTFT, restore GB/s, decode tok/s);
 - ``serve``: ``warmstart serve --n-gpu-layers -1`` answering a chat completion over
@@ -363,6 +367,22 @@ def equivalence_section(model: Path, data_dir: Path, max_tokens: int = 24) -> di
     return {"all_equal": same, "replies": rows}
 
 
+def batched_decode_section(model: Path, steps: int = 64) -> dict[str, Any]:
+    """The decode probe with every layer on the GPU: per batch size, identical or
+    where it first differs, and the most replies proven exact (0: none)."""
+    from warmstart.runtime.engine._decode_probe import probe_decode, proven
+    from warmstart.runtime.engine._llama import ContextConfig, LlamaModel
+
+    loaded = LlamaModel(model, n_gpu_layers=-1)
+    try:
+        config = ContextConfig(n_ctx=0, n_seq_max=1, swa_full=loaded.n_swa > 0)
+        checks = probe_decode(loaded, config, steps=steps)
+    finally:
+        loaded.close()
+    most, note = proven(checks)
+    return {"proven": most, "note": note, "checks": [c.describe() for c in checks]}
+
+
 def _free_port() -> int:
     import socket
 
@@ -468,6 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # sweep then reuse), the figures next, the checks last: a timeout loses the least
     for key, wanted, fn in (
         ("equivalence", args.equivalence, lambda: equivalence_section(model, data)),
+        ("batched_decode", args.batched_decode, lambda: batched_decode_section(model)),
         ("ours", args.ours, lambda: ours_section(model, data, args)),
         ("bench", args.bench, lambda: bench_section(model, data, args)),
         ("sweep", args.sweep, lambda: sweep_section(model, data, tuple(args.sweep))),
@@ -503,6 +524,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--equivalence", action="store_true", help="greedy replies vs no cache")
     p.add_argument("--serve", action="store_true", help="warmstart serve answers over HTTP")
+    p.add_argument(
+        "--batched-decode", action="store_true", help="replies decoded together vs each alone"
+    )
     p.add_argument("--no-bench", dest="bench", action="store_false")
     p.add_argument("--ours", action="store_true", help="bench's own figures, child by child")
     p.add_argument("--ours-timeout", type=float, default=150.0, help="for each of its children")

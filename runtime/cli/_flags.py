@@ -33,6 +33,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "pinned_staging",
         "merge_batch_tokens",
         "batch_tile",
+        "decode_batch",
         "overflow",
         "history",
         "no_cache",

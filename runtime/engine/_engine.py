@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import EngineError, RequestError
 from ..kvstore import TAIL_TOKENS, common_prefix
 from ..types import Message, Request, Sampling
-from . import _kvblob, _tools
+from . import _decode_probe, _kvblob, _tools
 from ._llama import (
     DECODE_ABORTED,
     ContextConfig,
@@ -385,6 +385,27 @@ class LlamaEngine(Residents):
         if not self.prefill(res, (token,), want_logits=True):
             raise EngineError("a reply's decode was interrupted")  # only background work is
 
+    def step_many(self, steps: Sequence[tuple[Resident, int]]) -> list[np.ndarray]:
+        """Decodes one generated token of each of several replies in one llama.cpp batch
+        and returns each one's next-token logits, in order. Only as many as the
+        calibration proved get the bits they get alone (``Tuning.decode_batch``): the
+        worker never asks for more."""
+        batch = [(res.seq, token, len(res.tokens)) for res, token in steps]
+        self.decoding = len(batch)
+        try:
+            ret = self.ctx.decode_each(batch)
+        finally:
+            self.decoding = 0
+        if ret != 0:  # nothing of the batch is kept (decode_each removed it)
+            raise EngineError("a batched decode step of several replies did not run")
+        out = []
+        for i, (res, token) in enumerate(steps):
+            res.copy_pending = False
+            res.tokens.append(token)
+            res.bounds.append(len(res.tokens))
+            out.append(self.ctx.logits_at(i))
+        return out
+
     def sampler(self, sampling: Sampling) -> Sampler:
         return Sampler(sampling, self.model)
 
@@ -525,6 +546,17 @@ class LlamaEngine(Residents):
         same = np.array_equal(self._probe_kv(res, ids, pieces), whole)
         self.evict(res, counted=False)  # a measurement, not a conversation pushed out
         return same
+
+    def batched_decode(self, counts: Sequence[int]) -> tuple[int, str]:
+        """How many replies (of ``counts``) one decode batch may hold with every reply's
+        bits what it gets decoded alone, and the first difference in words. Proven on a
+        context of its own (runtime/engine/_decode_probe.py), shorter than the test's
+        (about 2 s here): prompts up to 272 tokens (past a 256-cell attention chunk), 4
+        steps (tests/engine/test_decode_probe.py: 64)."""
+        checks = _decode_probe.probe_decode(
+            self.model, self.ctx.config, counts, steps=4, prompt_tokens=272
+        )
+        return _decode_probe.proven(checks)
 
     def _probe_ids(self, what: str, n_tokens: int) -> list[int]:
         """A measurement's prompt: a 16-token prefix (so attention has history), then

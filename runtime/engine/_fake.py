@@ -323,6 +323,15 @@ class FakeEngine(Residents):
         # the reply started where the prompt's logits were kept (see keep_logits)
         self._decoded(res, res.logits_at if res.logits is not None else len(res.tokens) - 1)
 
+    def step_many(self, steps: Sequence[tuple[Resident, int]]) -> list[np.ndarray]:
+        time.sleep(self.options.token_delay)  # one decode for them all
+        out = []
+        for res, token in steps:
+            self._append(res, (token,), None)
+            self._decoded(res, res.logits_at if res.logits is not None else len(res.tokens) - 1)
+            out.append(self.ctx.logits())
+        return out
+
     def sampler(self, sampling: Sampling) -> FakeSampler:
         return FakeSampler()
 

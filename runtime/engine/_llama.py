@@ -11,7 +11,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -347,6 +347,34 @@ class LlamaContext:
                 self.seq_rm(seq, pos0 + start, -1)
                 raise EngineError(f"llama_decode failed with code {ret}")
         return 0
+
+    def decode_each(self, steps: Sequence[tuple[int, int, int]]) -> int:
+        """One llama.cpp batch of one token for each of several sequences: ``steps`` are
+        (sequence, token, position); every token's logits are kept (``logits_at(i)``).
+        Returns 0, or llama.cpp's code for "no KV slot" / DECODE_ABORTED with nothing
+        kept; other failures raise."""
+        batch = self._batch
+        for i, (seq, tok, pos) in enumerate(steps):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, 1
+        batch.n_tokens = len(steps)
+        ret = ll.llama_decode(self.ptr, batch)
+        if ret in (DECODE_ABORTED, _DECODE_NO_SLOT):
+            for seq, _, pos in steps:  # llama.cpp may have kept some of the batch's cells
+                self.seq_rm(seq, pos, -1)
+            return int(ret)
+        if ret != 0:
+            for seq, _, pos in steps:
+                self.seq_rm(seq, pos, -1)
+            raise EngineError(f"llama_decode failed with code {ret}")
+        return 0
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """A copy of the logits of the ``i``-th token of the last ``decode_each``."""
+        ptr = ll.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise EngineError(f"no logits for token {i} of the last batch")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def logits(self) -> np.ndarray:
         """A copy of the logits of the last token decoded with want_logits."""

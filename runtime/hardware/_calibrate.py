@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 # (2 was a development format that kept a byte count instead). 4: batch invariance
 # (merge_unit, merge_max) is measured too. 5: for every chunk size policy may pick
 # under MERGE_MAX (merge_units), not for 64-token chunks only. 6: batch kinds
-# (batch_tile) are measured too.
-FORMAT_VERSION = 6
+# (batch_tile) are measured too. 7: batched decode (decode_batch) is proven too.
+FORMAT_VERSION = 7
 ZSTD_LEVELS = (1, 3, 9)
 _KEEP_ENTRIES = 8  # a few models per machine; older entries are dropped
 _FIXED_COST_TOKENS = 16  # a restore this small is nearly all fixed cost
@@ -53,6 +53,9 @@ MERGE_SIZES, MERGE_MAX = (64, 128, 256), 512
 # KV bits depend on; the first of BATCH_TILES that holds is kept
 BATCH_TILE = 64
 BATCH_TILES = (8, BATCH_TILE)
+# replies decoded together in one step (one token each, each in its own KV stream) that
+# the calibration checks against each decoded alone (runtime/engine/_decode_probe.py)
+DECODE_COUNTS = (2, 4, 8)
 CALIBRATION_FILE_BYTES = 64 * MiB
 # a spinning disk's figures: unmeasured, the disk tier must not look better than it is
 ASSUMED_DISK = DiskRates(write_gbps=0.1, read_gbps=0.1, read_cold=True, fixed_ms=10.0)
@@ -72,6 +75,10 @@ class CalibrationTarget(Protocol):
     get the same KV bytes as prefilled in one batch of ``total``.
     ``batch_kinds(tile)``: whether tokens get the same KV bytes in every batch of at
     least ``tile`` tokens, and in every one of 2 to ``tile - 1``.
+    ``batched_decode(counts)``: the most replies (of ``counts``, ascending) decoded in
+    one batch that get every step's logits and KV bits each gets decoded alone, with all
+    smaller counts so too (0: not even the first), and the first difference found in
+    words ("" when none).
     ``kv_bytes_per_token`` and ``kv_layout`` (the per-cell layout of each KV cache
     as plain JSON-able data, ``None`` when not known) are read after the timings, so
     a target may measure them on the context it made for them.
@@ -88,6 +95,8 @@ class CalibrationTarget(Protocol):
     def invariant_units(self, total: int, units: Sequence[int]) -> tuple[int, ...]: ...
 
     def batch_kinds(self, tile: int) -> bool: ...
+
+    def batched_decode(self, counts: Sequence[int]) -> tuple[int, str]: ...
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,10 @@ class Calibration:
     # a token's KV has the same bits in every batch of at least batch_tile tokens, and
     # in every one of 2 to batch_tile - 1 (0: not so on this machine, or not measured)
     batch_tile: int = 0
+    # up to decode_batch replies decoded in one batch get the bits each gets alone (0:
+    # not so here, or not measured; decode_batch_note says what differed)
+    decode_batch: int = 0
+    decode_batch_note: str = ""
     seconds: float = 0.0  # how long the calibration took
     measured_at: float = 0.0  # Unix time
     # the per-cell layout of each KV cache (engine._kvblob.CacheLayout's fields),
@@ -233,6 +246,8 @@ def calibrate(
     say("batch invariance", 0.6)
     merge_units = target.invariant_units(MERGE_MAX, MERGE_SIZES)
     batch_tile = next((t for t in BATCH_TILES if target.batch_kinds(t)), 0)
+    say("batched decode", 0.63)
+    decode_batch, decode_note = target.batched_decode(DECODE_COUNTS)
     say("RAM copy", 0.65)
     ram = ram_copy_gbps()
     say("host<->device copies", 0.7)
@@ -269,6 +284,8 @@ def calibrate(
         merge_units=merge_units,
         merge_max=MERGE_MAX if merge_units else 0,
         batch_tile=batch_tile,
+        decode_batch=decode_batch,
+        decode_batch_note=decode_note,
         seconds=time.perf_counter() - started,
         measured_at=time.time(),
     )

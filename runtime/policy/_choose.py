@@ -358,6 +358,27 @@ def _tile(calibration: Calibration | None) -> tuple[int, str]:
     )
 
 
+def _decode_batch(
+    profile: HardwareProfile, calibration: Calibration | None, proven_by: int
+) -> tuple[int, str]:
+    if profile.offloads:  # CUDA's kernels are other ones: docs/batched-decode.md
+        return 1, (
+            "layers run on a GPU, where batched decode is not proven exact (the GPU "
+            "check's probe says whether it is): replies are decoded one at a time"
+        )
+    if calibration is None:
+        return 1, "not measured: replies are decoded one at a time"
+    if proven_by < 2:
+        return 1, (
+            f"replies are decoded one at a time: decoded together, they differ from each "
+            f"decoded alone on this machine ({calibration.decode_batch_note or 'not measured'})"
+        )
+    return proven_by, (
+        f"measured: up to {proven_by} replies decoded in one step get every step's logits "
+        f"and KV bits each gets decoded alone, so concurrent replies share decode steps"
+    )
+
+
 def choose(
     profile: HardwareProfile,
     calibration: Calibration | None,
@@ -383,6 +404,13 @@ def choose(
         estimate = estimate_rates(profile, geometry)
         rates, basis = estimate.rates, estimate.basis
     p.pick("batch_tile", lambda: _tile(calibration))
+    proven_by = calibration.decode_batch if calibration is not None else 0
+    p.pick("decode_batch", lambda: _decode_batch(profile, calibration, proven_by))
+    if p.values["decode_batch"] > max(proven_by, 1):
+        p.reasons["decode_batch"] += (
+            f": more than the {max(proven_by, 1)} proven exact here, so concurrent replies "
+            "may differ from --no-cache in their last bits"
+        )
     p.pick("chunk_tokens", lambda: _chunk(rates, kvb, n_ctx, p.values["batch_tile"]))
     p.pick("ram_pool_bytes", lambda: _pool(p, mem, profile, kvb))
     _watermarks(p, kvb)

@@ -23,6 +23,7 @@ def fixed_tuning(settings: Settings, geometry: ModelGeometry) -> Tuning:
         "prewarm_sessions": 4,
         "merge_batch_tokens": 0,
         "batch_tile": 0,
+        "decode_batch": 1,
         "memory_floor_bytes": 1 * GiB,
     }
     reasons = dict.fromkeys(chosen, "fixed default (machine not measured)")

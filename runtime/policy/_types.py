@@ -48,6 +48,7 @@ class Tuning:
     prewarm_sessions: int
     merge_batch_tokens: int = 0  # 0: every prefill batch is one chunk
     batch_tile: int = 0  # batches of this many tokens or more are one kind (0: unknown)
+    decode_batch: int = 1  # replies decoded together in one step (1: one at a time)
     memory_floor_bytes: int = 0  # system memory the RAM pool gives pages back to keep (0: never)
     reasons: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -118,6 +118,9 @@ class _CalibrationTarget:
     def batch_kinds(self, tile: int) -> bool:
         return self._get().batch_kinds(tile)
 
+    def batched_decode(self, counts: Sequence[int]) -> tuple[int, str]:
+        return self._get().batched_decode(counts)
+
     def engine(self) -> LlamaEngine:
         return self._get()
 
@@ -380,6 +383,9 @@ class _OnWorker:
 
     def batch_kinds(self, tile: int) -> bool:
         return self._run(lambda: self._target.batch_kinds(tile))  # type: ignore[no-any-return]
+
+    def batched_decode(self, counts: Sequence[int]) -> tuple[int, str]:
+        return self._run(lambda: self._target.batched_decode(counts))  # type: ignore[no-any-return]
 
 
 class _Stopped(Exception):

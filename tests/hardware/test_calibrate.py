@@ -60,6 +60,10 @@ class FakeTarget:
         self.calls.append(("kinds", tile))
         return True
 
+    def batched_decode(self, counts: Sequence[int]) -> tuple[int, str]:
+        self.calls.append(("decode", max(counts)))
+        return max(counts), ""
+
 
 @pytest.fixture(autouse=True)
 def _small_io(monkeypatch: pytest.MonkeyPatch) -> None:

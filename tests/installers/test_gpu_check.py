@@ -19,7 +19,7 @@ from tests.conftest import chat, small_settings
 REPORT_KEYS = {
     "started_at", "python", "machine", "cpus", "seconds", "errors",
     "llama_cpp", "gpu", "copies", "model", "verdicts", "loads", "sweep", "equivalence",
-    "ours", "bench", "serve",
+    "batched_decode", "ours", "bench", "serve",
 }  # fmt: skip
 ROOT = Path(__file__).resolve().parents[2]
 

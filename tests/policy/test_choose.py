@@ -167,6 +167,7 @@ OVERRIDES: dict[str, Any] = {
     "prewarm_sessions": 2,
     "merge_batch_tokens": 512,
     "batch_tile": 64,
+    "decode_batch": 1,
     "memory_floor_bytes": 3 << 30,
 }
 
@@ -326,3 +327,20 @@ def test_a_restores_reason_counts_every_token_it_loads() -> None:
     assert decide_restore(512, 512 * 32_780, "ram", 0, rates).reason.startswith(
         "restore 512 tokens from ram"
     )
+
+
+def test_replies_are_decoded_together_only_where_the_calibration_proved_it() -> None:
+    from tests.hardware.machines import LAPTOP
+
+    settings = load_settings()
+    proven = calibration_for(LAPTOP, decode_batch=8)
+    t = choose(LAPTOP, proven, SMOLLM_135M, settings)
+    assert t.decode_batch == 8 and t.reasons["decode_batch"].startswith("measured")
+    differ = calibration_for(LAPTOP, decode_batch=0, decode_batch_note="2 replies: differ")
+    t = choose(LAPTOP, differ, SMOLLM_135M, settings)
+    assert t.decode_batch == 1 and "2 replies: differ" in t.reasons["decode_batch"]
+    # a GPU's kernels are other ones: serial until the GPU check proves them
+    assert choose(H100, calibration_for(H100, decode_batch=8), LLAMA_8B, settings).decode_batch == 1
+    # more than proven, set by the user: it says what that costs
+    t = choose(LAPTOP, differ, SMOLLM_135M, load_settings(decode_batch=4))
+    assert t.decode_batch == 4 and "may differ from --no-cache" in t.reasons["decode_batch"]

@@ -1,0 +1,232 @@
+"""What warmstart changes in llama.cpp's source before it compiles it (installers/
+llama_wheel.py applies these; each upstream text must be in the pinned sdist exactly
+once). Standard library only, like llama_wheel.py."""
+
+from __future__ import annotations
+
+# warmstart's llama.cpp differs from upstream's in two places.
+# 1. Short batches in flash-attention tiles. Its CPU flash attention computes a batch of
+# 64 query tokens or more in tiles of 64 rows, and a shorter one a row at a time, which
+# costs about a decode step a token: a chat's new message (10 to 60 tokens) took 0.27 s
+# for 12 tokens and 1.4 s for 63 after 1,900 tokens of context, a 64-token batch 0.31 s.
+# Built here, a batch of 8 to 63 goes in tiles of 16 rows by the same code: 12 tokens
+# took 0.09 s and 63 tokens 0.31 s, and a token's result is the same bytes as in a batch
+# of 64 or more (a tile's rows do not touch each other), which the calibration proves
+# (batch kinds from 8: runtime/hardware/_calibrate.py).
+# 2. Decode steps of several replies in one batch give each reply the bits it gets
+# alone (batched decode, proven by runtime/engine/_decode_probe.py). Upstream, a batch
+# of N rows takes other matrix kernels than a lone row (llamafile's sgemm from 2 rows,
+# the tiled K-quant kernels from 8, the repacked weights' gemm by 4), and its flash
+# attention splits a lone stream's cells by thread count from 512 cells but a batch of
+# streams not at all: 2 to 8 replies in one batch differed from each alone from the
+# first step (logits up to 1.02 apart). Built here, llama.cpp marks the products of a
+# batch holding one token of each sequence rowwise, and the CPU backend computes each
+# row by the lone row's kernel (vec_dot, or the repacked gemv); a one-token query row
+# attends in fixed chunks of 256 cells reduced in order, whatever the threads or the
+# other streams.
+# The tag goes into the version (0.3.36+warmstart.<tag>), so into the fingerprint every
+# stored KV carries, and into the wheel cache's key.
+PATCH_TAG = "exactdecode1"
+_OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
+_CPU = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c"
+_REPACK = "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
+_SHORT_TILES: tuple[tuple[str, str, str], ...] = (  # (file, upstream's text, ours)
+    (_OPS, "static void ggml_compute_forward_flash_attn_ext_tiled(\n",
+     "template <int Q_TILE_SZ>\nstatic void ggml_compute_forward_flash_attn_ext_tiled(\n"),
+    (_OPS, "    static constexpr int Q_TILE_SZ  = ggml_fa_tile_config::Q;\n"
+           "    static constexpr int KV_TILE_SZ = ggml_fa_tile_config::KV;\n",
+     "    static constexpr int KV_TILE_SZ = ggml_fa_tile_config::KV;\n"),
+    (_OPS, "neq1 >= Q_TILE_SZ);", "neq1 >= 8);"),
+    (_OPS, "                ggml_compute_forward_flash_attn_ext_tiled(params, dst, ir0, ir1);\n",
+     "                if (neq1 >= Q_TILE_SZ) {\n"
+     "                    ggml_compute_forward_flash_attn_ext_tiled<Q_TILE_SZ>"
+     "(params, dst, ir0, ir1);\n"
+     "                } else {\n"
+     "                    ggml_compute_forward_flash_attn_ext_tiled<16>(params, dst, ir0, ir1);\n"
+     "                }\n"),
+)  # fmt: skip
+_ROWWISE: tuple[tuple[str, str, str], ...] = (
+    ("vendor/llama.cpp/ggml/include/ggml.h",
+     "        GGML_HINT_SRC0_IS_HADAMARD = 1,\n",
+     "        GGML_HINT_SRC0_IS_HADAMARD = 1,\n"
+     "        GGML_HINT_ROWWISE          = 2, // warmstart: each src1 row as a batch of one\n"),
+    ("vendor/llama.cpp/src/llama-context.cpp",
+     "        if (!ggml_backend_sched_alloc_graph(sched.get(), gf)) {\n"
+     '            LLAMA_LOG_ERROR("%s: failed to allocate graph\\n", __func__);',
+     "        if (ubatch.n_seq_tokens == 1 && ubatch.n_tokens > 1) {\n"
+     "            // warmstart: a token of each of several sequences (a decode step of several\n"
+     "            // replies): every product computes each token's row as a batch of one does\n"
+     "            for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {\n"
+     "                ggml_tensor * node = ggml_graph_node(gf, i);\n"
+     "                if (node->op == GGML_OP_MUL_MAT && node->op_params[1] == GGML_HINT_NONE) {\n"
+     "                    ggml_mul_mat_set_hint(node, GGML_HINT_ROWWISE);\n"
+     "                }\n"
+     "            }\n"
+     "        }\n"
+     "\n"
+     "        if (!ggml_backend_sched_alloc_graph(sched.get(), gf)) {\n"
+     '            LLAMA_LOG_ERROR("%s: failed to allocate graph\\n", __func__);'),
+    (_CPU,
+     "    // If tiled is supported, it will execute the full op here and we return\n"
+     "    if (ggml_compute_forward_mul_mat_tiled(params, dst)) {",
+     "    // warmstart: each row of src1 by the kernel a batch of one row takes (vec_dot)\n"
+     "    const bool rowwise = hint == GGML_HINT_ROWWISE;\n"
+     "\n"
+     "    // If tiled is supported, it will execute the full op here and we return\n"
+     "    if (!rowwise && ggml_compute_forward_mul_mat_tiled(params, dst)) {"),
+    (_CPU,
+     "    if (src1_cont) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)",
+     "    if (src1_cont && !rowwise) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)"),
+    (_CPU,
+     "    if (src1->type != vec_dot_type) {\n"
+     "        const void* wdata = (src1->type == vec_dot_type) ? src1->data : params->wdata;",
+     "    if (src1->type != vec_dot_type && !rowwise) {\n"
+     "        const void* wdata = (src1->type == vec_dot_type) ? src1->data : params->wdata;"),
+    (_CPU, "        if ((nr0 % 2 != 0) || (ne11 % 2 != 0) ||",
+     "        if (rowwise || (nr0 % 2 != 0) || (ne11 % 2 != 0) ||"),
+    (_REPACK,
+     "        // If there are more than three rows in src1, use gemm; otherwise, use gemv.\n"
+     "        if (nrows > 3) {\n"
+     "            gemm<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(ne00, (float *) (dst_ptr) + "
+     "src0_start, nb1 / nb0,\n"
+     "                                                             src0_ptr + src0_start * "
+     "nb01, src1_ptr,\n"
+     "                                                             nrows - (nrows % 4), ncols);\n"
+     "        }\n"
+     "        for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {",
+     "        // If there are more than three rows in src1, use gemm; otherwise, use gemv.\n"
+     "        // warmstart: every row by gemv, as a batch of one, where the op says rowwise\n"
+     "        const bool    rowwise = ggml_get_op_params_i32(op, 1) == GGML_HINT_ROWWISE;\n"
+     "        const int64_t nrows4  = rowwise ? 0 : nrows - (nrows % 4);\n"
+     "        if (nrows4 > 0) {\n"
+     "            gemm<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(ne00, (float *) (dst_ptr) + "
+     "src0_start, nb1 / nb0,\n"
+     "                                                             src0_ptr + src0_start * "
+     "nb01, src1_ptr,\n"
+     "                                                             nrows4, ncols);\n"
+     "        }\n"
+     "        for (int64_t iter = nrows4; iter < nrows; iter++) {"),
+    (_REPACK,
+     "        for (int64_t i12 = 0; i12 < ne12; i12++) {\n"
+     "            char * data_ptr  = (char *) src1->data + i12 * nb12;\n"
+     "            char * wdata_ptr = wdata + i12 * nbw2;\n"
+     "\n"
+     "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {",
+     "        // warmstart: rows of a rowwise op are quantized one by one, for gemv\n"
+     "        const int64_t ne11_4 = ggml_get_op_params_i32(op, 1) == GGML_HINT_ROWWISE ? 0 : "
+     "ne11 - ne11 % 4;\n"
+     "        for (int64_t i12 = 0; i12 < ne12; i12++) {\n"
+     "            char * data_ptr  = (char *) src1->data + i12 * nb12;\n"
+     "            char * wdata_ptr = wdata + i12 * nbw2;\n"
+     "\n"
+     "            for (int64_t i11 = ith * 4; i11 < ne11_4; i11 += nth * 4) {"),
+    (_REPACK,
+     "            const int64_t i11_processed = ne11 - ne11 % 4;\n",
+     "            const int64_t i11_processed = ne11_4;\n"),
+    ("vendor/llama.cpp/ggml/src/ggml-cpu/common.h",
+     "#define GGML_FA_TILE_KV 64\n",
+     "#define GGML_FA_TILE_KV 64\n"
+     "// warmstart: a decode row attends in chunks of this many KV cells, whatever the threads\n"
+     "#define GGML_FA_DECODE_CHUNK 256\n"),
+    (_CPU,
+     "                        size_t n_chunks = n_tasks;\n"
+     "                        size_t decode   = sizeof(float)*(neq2*n_chunks*(2+DV) + "
+     "n_tasks*(DK + 2*DV));",
+     "                        // warmstart: per row of every stream, chunks of "
+     "GGML_FA_DECODE_CHUNK cells\n"
+     "                        const int64_t neq3 = node->src[0]->ne[3];\n"
+     "                        size_t n_chunks = (node->src[1]->ne[1] + GGML_FA_DECODE_CHUNK - "
+     "1)/GGML_FA_DECODE_CHUNK;\n"
+     "                        size_t decode   = sizeof(float)*(neq2*neq3*n_chunks*(2+DV) + "
+     "n_tasks*(DK + 2*DV + CACHE_LINE_SIZE/sizeof(float)));"),
+    (_OPS,
+     "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && "
+     "kv_is_f32_or_f16 && (k->type == v->type) && q->type == GGML_TYPE_F32 && nek1 >= 512;\n"
+     "\n"
+     "    if (use_split_kv_path) {",
+     "    // warmstart: a query row of one token (a decode step, of one stream or of several in\n"
+     "    // one batch) attends in chunks of GGML_FA_DECODE_CHUNK cells at fixed places, reduced\n"
+     "    // in their order, so that its bits depend neither on the thread count nor on the\n"
+     "    // other streams of its batch (upstream splits a lone stream's cells by thread count\n"
+     "    // from 512 cells, and a batch of streams not at all)\n"
+     "    const bool use_split_kv_path = !use_ref && neq1 == 1 && kv_is_f32_or_f16 && (k->type "
+     "== v->type) && q->type == GGML_TYPE_F32;\n"
+     "\n"
+     "    if (use_split_kv_path) {\n"
+     "        ggml_compute_forward_flash_attn_ext_f16_fixed_chunks(params, dst);\n"
+     "    } else if (false) {  // upstream's split by thread count, unused"),
+    (_OPS,
+     "static void ggml_compute_forward_flash_attn_ext_f16(\n"
+     "        const ggml_compute_params * params,\n"
+     "        ggml_tensor * dst) {\n",
+     "// warmstart: the decode rows of all streams, each in fixed chunks of KV cells (see below)\n"
+     "static void ggml_compute_forward_flash_attn_ext_f16_fixed_chunks(\n"
+     "        const ggml_compute_params * params,\n"
+     "        ggml_tensor * dst) {\n"
+     "    const ggml_tensor * q = dst->src[0];\n"
+     "    const ggml_tensor * k = dst->src[1];\n"
+     "    const ggml_tensor * v = dst->src[2];\n"
+     "\n"
+     "    const int64_t DK       = k->ne[0];\n"
+     "    const int64_t DV       = v->ne[0];\n"
+     "    const int64_t nek1     = k->ne[1];\n"
+     "    const int64_t nr       = q->ne[2]*q->ne[3]; // one row per head and stream\n"
+     "    const int64_t n_chunks = (nek1 + GGML_FA_DECODE_CHUNK - 1)/GGML_FA_DECODE_CHUNK;\n"
+     "    const int64_t n_items  = nr*n_chunks;\n"
+     "\n"
+     "    const int ith = params->ith;\n"
+     "    const int nth = params->nth;\n"
+     "\n"
+     "    const int64_t partial_size   = 2 + DV;\n"
+     "    const int64_t partial_stride = n_chunks*partial_size;\n"
+     "    float * partials = (float *) params->wdata + nth*(DK + 2*DV + CACHE_LINE_SIZE_F32);\n"
+     "\n"
+     "    if (ith == 0) {\n"
+     "        ggml_threadpool_chunk_set(params->threadpool, nth);\n"
+     "    }\n"
+     "    ggml_barrier(params->threadpool);\n"
+     "\n"
+     "    for (int64_t item = ith; item < n_items; item = "
+     "ggml_threadpool_chunk_add(params->threadpool, 1)) {\n"
+     "        const int64_t ir = item/n_chunks;\n"
+     "        const int64_t c  = item%n_chunks;\n"
+     "        ggml_compute_forward_flash_attn_ext_f16_one_chunk(params, dst, ir, ir + 1,\n"
+     "            c*GGML_FA_DECODE_CHUNK, std::min<int64_t>((c + 1)*GGML_FA_DECODE_CHUNK, nek1),\n"
+     "            partials + c*partial_size, partial_stride);\n"
+     "    }\n"
+     "    ggml_barrier(params->threadpool);\n"
+     "\n"
+     "    float * VKQ = (float *) params->wdata + ith*(DK + 2*DV + CACHE_LINE_SIZE_F32);\n"
+     "    for (int64_t ir = ith; ir < nr; ir += nth) {\n"
+     "        float M = -INFINITY;\n"
+     "        float S = 0.0f;\n"
+     "        memset(VKQ, 0, DV*sizeof(float));\n"
+     "        for (int64_t c = 0; c < n_chunks; ++c) {\n"
+     "            const float * partial = partials + ir*partial_stride + c*partial_size;\n"
+     "            if (partial[1] == 0.0f) {\n"
+     "                continue; // no cell of this row's stream in the chunk\n"
+     "            }\n"
+     "            const float M_new     = fmaxf(M, partial[0]);\n"
+     "            const float scale_old = expf(M - M_new);\n"
+     "            const float scale_new = expf(partial[0] - M_new);\n"
+     "            for (int64_t d = 0; d < DV; ++d) {\n"
+     "                VKQ[d] = VKQ[d]*scale_old + partial[2 + d]*scale_new;\n"
+     "            }\n"
+     "            S = S*scale_old + partial[1]*scale_new;\n"
+     "            M = M_new;\n"
+     "        }\n"
+     "        if (S != 0.0f) {\n"
+     "            ggml_vec_scale_f32(DV, VKQ, 1.0f/S);\n"
+     "        }\n"
+     "        const int64_t iq3 = ir/q->ne[2];\n"
+     "        const int64_t iq2 = ir%q->ne[2];\n"
+     "        memcpy((char *) dst->data + (iq3*dst->ne[2]*dst->ne[1] + iq2)*dst->nb[1], VKQ, "
+     "dst->nb[1]);\n"
+     "    }\n"
+     "}\n"
+     "\n"
+     "static void ggml_compute_forward_flash_attn_ext_f16(\n"
+     "        const ggml_compute_params * params,\n"
+     "        ggml_tensor * dst) {\n"),
+)  # fmt: skip
+SOURCE_PATCHES = _SHORT_TILES + _ROWWISE
