@@ -122,8 +122,8 @@ class Sampler:
         ``logits`` kept from an earlier decode: the same steps as llama.cpp's
         llama_sampler_sample (every token a candidate, in id order, the chain applied,
         the selected one accepted), so the same logits give the same token."""
-        if logits is None and self._argmax:
-            token = _first_largest(ctx)
+        if self._argmax:
+            token = _first_largest(ctx.logits_view() if logits is None else logits)
             if token is not None:
                 return token
         if logits is None:
@@ -146,10 +146,10 @@ class Sampler:
             self._chain = None
 
 
-def _first_largest(ctx: LlamaContext) -> int | None:
-    """The greedy sampler's choice from the last decoded logits, read in place; None
-    when a logit is NaN (numpy and llama.cpp then disagree: the chain decides)."""
-    logits = ctx.logits_view()
+def _first_largest(logits: np.ndarray | None) -> int | None:
+    """The greedy sampler's choice (the first largest logit, as llama.cpp's greedy
+    sampler picks); None when a logit is NaN (numpy and llama.cpp then disagree: the
+    chain decides) or there are none."""
     if logits is None:
         return None
     token = int(np.argmax(logits))

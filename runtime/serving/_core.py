@@ -105,7 +105,12 @@ class LocalRuntime:
         self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
         hold = self.store.transfers.hold if self.store is not None else None
-        self.worker = Worker(self.engine, self.tuning.resident_sequences, on_busy=hold)
+        self.worker = Worker(
+            self.engine,
+            self.tuning.resident_sequences,
+            on_busy=hold,
+            decode_batch=self.tuning.decode_batch,
+        )
         self.counters = self.worker.counters
         waiting = self.worker.waiting
         self._embeds = EmbeddingQueue(self.worker.lock, settings.max_queue, lambda: len(waiting))
@@ -421,6 +426,8 @@ class LocalRuntime:
             disk=DiskStats.of_store(store, self.tuning.disk_budget_bytes),
             queue=QueueStats(waiting, view.busy + embedding, self.settings.max_queue),
             sessions=self.book.count(),
+            batched_steps=c.get("batched_steps", 0),
+            batched_tokens=c.get("batched_tokens", 0),
             memory=self._memory_stats(store),
             store=store,
         )

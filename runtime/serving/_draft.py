@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..engine import Resident
@@ -128,7 +128,7 @@ class DraftJob(Job):
     def _stopped(self) -> bool:
         return self.superseded or self.preempted or self.hurried or self.stream.cancelled
 
-    def steps(self) -> Iterator[None]:
+    def steps(self) -> Generator[None, None, None]:
         early: DraftState | None = (
             "cache off"
             if not self.cached

@@ -114,9 +114,15 @@ class Job:
         # computed and decodes nothing (the worker's _make_room)
         self.hurried = False
         self.captured = False  # the prompt's chunks are kept (after the reply)
+        # the reply's next token, for the worker to decode before the job's next step
+        # (alone, or in one batch with other replies' tokens: Tuning.decode_batch);
+        # the worker leaves that token's next-token logits in ``decoded`` (None: they
+        # are the context's last ones)
+        self.next_step: tuple[Resident, int] | None = None
+        self.decoded: np.ndarray | None = None
         self.t0 = time.perf_counter()
 
-    def steps(self) -> Iterator[None]:
+    def steps(self) -> Generator[None, None, None]:
         engine = self.env.engine
         # a request without the cache (or a runtime without a store) starts cold: it
         # reuses nothing, not even what is live
@@ -412,9 +418,10 @@ class Job:
                 break
             if n == 1:  # the first token: see HANDOFF_S
                 self.stream.wait_handled(HANDOFF_S)
-            engine.step(res, token)
-            token, logprob = self._sample(sampler)
-            yield
+            self.next_step = (res, token)
+            yield  # the worker decodes it, alone or with other replies' tokens
+            token, logprob = self._sample(sampler, self.decoded)
+            self.decoded = None
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]

@@ -145,6 +145,9 @@ class Stats:
     disk: DiskStats = DiskStats()
     queue: QueueStats = QueueStats()
     sessions: int = 0
+    # decode steps that decoded several replies' tokens in one batch, and those tokens
+    batched_steps: int = 0
+    batched_tokens: int = 0
     memory: MemoryStats | None = None
     store: Mapping[str, Any] | None = None  # the store's own figures, as it gives them
 
@@ -165,6 +168,8 @@ class Stats:
             tiers={"live": _out(self.live), "ram": _out(self.ram), "disk": self.disk.to_json()},
             queue=_out(self.queue),
             sessions=self.sessions,
+            batched_steps=self.batched_steps,
+            batched_tokens=self.batched_tokens,
         )
         return out
 

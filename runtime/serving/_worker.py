@@ -3,10 +3,13 @@ thread-safe), and the queue it serves.
 
 Requests wait in arrival order and are admitted while a resident sequence is free;
 the worker then advances every admitted request one bounded step at a time, round
-robin, so conversations are served fairly. Work whose client already has its answer
-(the capture of a prompt's chunks, the steps that settle a reply) yields to any
-request whose client waits, and a request that arrives interrupts such work's decode
-at once.
+robin, so conversations are served fairly. A step of a reply being decoded takes the
+other replies waiting for their next token along: up to ``decode_batch`` tokens are
+decoded in one llama.cpp batch (where the calibration proved each reply then gets the
+bits it gets alone), and each reply samples from its own logits. Work whose client
+already has its answer (the capture of a prompt's chunks, the steps that settle a
+reply) yields to any request whose client waits, and a request that arrives interrupts
+such work's decode at once.
 
 After each step the worker publishes a frozen view (_view.py) of the resident
 sequences, its counters and recent events: readers on other threads take that view,
@@ -20,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -34,7 +37,8 @@ from ._view import ViewBook, WorkerView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Active = collections.deque[tuple[Job, Iterator[None]]]
+Steps = Generator[None, None, None]
+Active = collections.deque[tuple[Job, Steps]]
 
 _WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
 # a reply being decoded waits about this long for its next token while other requests'
@@ -74,6 +78,7 @@ class Worker:
         engine: Engine,
         resident_sequences: int,
         on_busy: Callable[[bool], None] | None = None,
+        decode_batch: int = 1,
     ) -> None:
         """``on_busy(True)`` when a request's client starts waiting on the engine (a
         request queued, or one whose prompt or reply is being computed), and
@@ -82,6 +87,7 @@ class Worker:
         self._on_busy = on_busy
         self._busy = False
         self._slots = resident_sequences
+        self._decode_batch = decode_batch  # replies decoded together in one step
         self._views = ViewBook()
         self.counters = self._views.counters  # the worker's: only it counts here
         # a client got its answer or a job ended since the last view
@@ -313,7 +319,7 @@ class Worker:
             job.hurried = True
             self._end_now(active, job, steps)
 
-    def _end_now(self, active: Active, job: Job, steps: Iterator[None]) -> None:
+    def _end_now(self, active: Active, job: Job, steps: Steps) -> None:
         """(lock held) Runs what is left of a job whose client has its answer, at once."""
         self.counters["preempted"] += 1
         self._views.event("preempted", job.report.session_id)
@@ -338,11 +344,53 @@ class Worker:
         job, steps = active.popleft()
         with self._cv:  # (enqueue changes waiting under the lock)
             job.contended = self._holds_up(job, active)
+        if job.next_step is None:
+            self._resume(active, job, steps)
+            return
+        group = [(job, steps)]
+        group += [e for e in active if e[0].next_step is not None][: self._decode_batch - 1]
+        for entry in group[1:]:
+            active.remove(entry)
+        error = self._decode(group)
+        for other, its_steps in group:
+            self._resume(active, other, its_steps, error)
+
+    def _decode(self, group: list[tuple[Job, Steps]]) -> BaseException | None:
+        """The next token of each reply of ``group``: one decode for them all; the
+        failure, if any, is every one's."""
+        pairs = []
+        for job, _ in group:
+            assert job.next_step is not None
+            pairs.append(job.next_step)
+            job.next_step = None
+        try:
+            if len(pairs) == 1:
+                self.engine.step(*pairs[0])  # its logits are the context's last ones
+                return None
+            for (job, _), logits in zip(group, self.engine.step_many(pairs), strict=True):
+                job.decoded = logits
+        except Exception as exc:
+            return exc
+        self.counters["batched_steps"] += 1
+        self.counters["batched_tokens"] += len(pairs)
+        return None
+
+    def _resume(
+        self,
+        active: Active,
+        job: Job,
+        steps: Steps,
+        error: BaseException | None = None,
+    ) -> None:
+        """Runs the job's next step (``error``: raised in it instead, where its decode
+        failed) and puts it back at the end of the round, or accounts for its end."""
         background = job.background and self._mark_background(True)
         with self._cv:
             self._stepping = job
         answered = job.background
         try:
+            if error is not None:
+                steps.throw(error)
             next(steps)
             self._changed |= job.background != answered
         except StopIteration:

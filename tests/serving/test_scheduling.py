@@ -76,6 +76,7 @@ class _Job:
         self.background = self.captured = self.streaming = self.preempted = False
         self.hurried = False
         self.prefilling = self.contended = False
+        self.next_step = None  # a reply token for the worker to decode (none here)
         self.to_prefill = 0
         self.admitted = SimpleNamespace(session_id=None)
         self.report = SimpleNamespace(
