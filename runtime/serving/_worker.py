@@ -129,7 +129,9 @@ class Worker:
 
     def enqueue_draft(self, job: DraftJob) -> None:
         """Queues a draft; an older draft of its conversation is superseded: one still
-        queued ends now, one running ends at its next step (its decode stops now)."""
+        queued ends now, one running ends at its next step. Its decode in progress is
+        not stopped: the newer one goes on from it (drafts come every few hundred ms
+        while a batch may take seconds: stopping each would compute nothing)."""
         with self._cv:
             old = self._latest.get(job.key)
             self._latest[job.key] = job
@@ -138,8 +140,6 @@ class Worker:
                 if old in self.drafts:
                     self.drafts.remove(old)
                     old.end_unstarted()
-                elif self._stepping is old and self.in_background:
-                    self.engine.interrupt(True)
             self.drafts.append(job)
             self._idle.clear()
             self._cv.notify()
