@@ -252,6 +252,13 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for https")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="largest request body")
     max_queue: int = Field(16, ge=1, le=4096, description="requests waiting before 429")
+    max_queue_per_user: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="requests of one user (one key) waiting before 429 (none: max_queue); "
+        "users are served in turn either way",
+    )
     max_messages: int = Field(
         4096, ge=1, le=1_000_000, description="most messages in one chat request"
     )

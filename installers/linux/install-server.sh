@@ -15,7 +15,8 @@
 # file owners need a real uid, and nothing is started).
 # llama-cpp-python compiles once (10-20 min on 2 cores, with a progress bar) into
 # root's ~/.cache/warmstart/llama-wheels/, shared with make and the other installers.
-# Afterwards `sudo warmstart ...` works on the service's models, sessions and cache.
+# Afterwards `sudo warmstart ...` works on the service's models, sessions and cache,
+# and gives each person of the household a key: `sudo warmstart keys add NAME`.
 set -eu
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin  # useradd, runuser: not on every root PATH (su)
 
@@ -441,6 +442,9 @@ Try it:
 Another model for the service (a request that names it loads it):
   sudo warmstart models list --available
   sudo warmstart models pull NAME
+A key for each person (their conversations and cache are theirs; no restart needed):
+  sudo warmstart keys add NAME      # prints the key once
+  sudo warmstart keys list | remove NAME
 EOF
 }
 

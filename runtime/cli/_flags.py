@@ -66,6 +66,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "tls_key",
         "max_request_bytes",
         "max_queue",
+        "max_queue_per_user",
         "max_messages",
         "max_prompt_chars",
         "max_connections",

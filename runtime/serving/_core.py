@@ -166,12 +166,21 @@ class LocalRuntime:
         )
 
     # requests ------------------------------------------------------------------------------
-    def _check_room(self) -> None:
-        """Busy before any work: tokenizing a large prompt must not precede the 429."""
+    def _check_room(self, owner: str = "") -> None:
+        """Busy before any work: tokenizing a large prompt must not precede the 429.
+        Past ``max_queue_per_user`` of ``owner``'s own; past ``max_queue`` in all,
+        unless none of those waiting is the owner's: one user's flood never locks
+        another out (each other user adds at most one), and with one user it is the
+        plain ``max_queue``."""
         with self.worker.lock:
             if self.worker.closing:  # no worker will take it: refuse rather than hang
                 raise EngineError("the model was unloaded; send the request again")
-            if self._queued() >= self.settings.max_queue:
+            mine = self.worker.waiting_of(owner)
+            per_user = self.settings.max_queue_per_user or self.settings.max_queue
+            if mine >= per_user:
+                raise Busy(retry_after=2.0)
+            others_only = mine == 0 and bool(self.worker.waiting)
+            if self._queued() >= self.settings.max_queue and not others_only:
                 raise Busy(retry_after=2.0)
 
     def _queued(self) -> int:
@@ -183,7 +192,7 @@ class LocalRuntime:
         Busy is raised between the checks and the tokenizing: a 429 must not wait
         for a large prompt's tokens."""
         prepared = prepare(request, self.engine, budget)
-        self._check_room()
+        self._check_room(request.owner)
         return fit(prepared, self.engine, self.n_ctx, self.settings.overflow)
 
     def count_tokens(self, request: Request) -> int:

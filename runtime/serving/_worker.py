@@ -99,6 +99,9 @@ class Worker:
         # drafts (_draft.py) wait apart: they start only while no client waits
         self.drafts: collections.deque[DraftJob] = collections.deque()
         self._latest: dict[str, DraftJob] = {}  # each conversation's newest draft
+        # each owner's latest admission, numbered (users are served in turn)
+        self._admitted_at: dict[str, int] = {}
+        self._admissions = 0
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self.closing = False
         self.in_background = False  # the worker is in a step of background work
@@ -226,7 +229,7 @@ class Worker:
                 self._preempt_for_followups(active)
                 self._make_room(active)
                 while self.waiting and len(active) < self._slots:
-                    job = self.waiting.popleft()
+                    job = self._next_waiting(active)
                     active.append((job, job.steps()))
                 self._start_draft(active)
                 calls = list(self._calls)
@@ -245,6 +248,30 @@ class Worker:
             with self._cv:
                 if not active and not self.waiting and not self.drafts:
                     self._idle.set()
+
+    def _next_waiting(self, active: Active) -> Job:
+        """(lock held) Takes the next request to admit: users in turn (the owner with
+        the fewest requests being answered, then the one admitted longest ago), each
+        user's requests in arrival order. One user's burst (an agent loop) then waits
+        behind itself, not in front of everyone else; with one user it is the queue's
+        order."""
+        answering = collections.Counter(j.request.owner for j, _ in active if not j.background)
+        last = self._admitted_at
+
+        def turn(i: int) -> tuple[int, int, int]:
+            owner = self.waiting[i].request.owner
+            return answering[owner], last.get(owner, -1), i
+
+        best = min(range(len(self.waiting)), key=turn)
+        job = self.waiting[best]
+        del self.waiting[best]
+        self._admissions += 1
+        last[job.request.owner] = self._admissions
+        return job
+
+    def waiting_of(self, owner: str) -> int:
+        """(lock held) How many of ``owner``'s requests wait to be admitted."""
+        return sum(1 for j in self.waiting if j.request.owner == owner)
 
     def _clients_wait(self, active: Active) -> bool:
         """(lock held) A request is queued, or one in ``active`` has a client waiting."""

@@ -5,6 +5,8 @@ without a restart and are never written in clear."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +143,45 @@ def test_a_wrong_key_is_refused_once_users_exist(household: Any) -> None:
     for headers in ({}, {"Authorization": "Bearer wsk-not-a-key"}):
         answer = httpx.get(srv.v1 + "/warmstart/sessions", headers=headers)
         assert answer.status_code == 401
+
+
+def test_users_are_served_in_turn(start: Any, tmp_path: Path) -> None:
+    """While alice floods 20 requests, bob's one is answered before her queue drains:
+    asserted by the order the replies end in, not by seconds. Past her share of the
+    queue she gets 429 with Retry-After; bob, with nothing waiting, is still let in."""
+    data = tmp_path / "data"
+    keys = {name: add_user(data / "keys.json", name) for name in ("alice", "bob")}
+    args = ("--data-dir", str(data), "--max-queue", "8")
+    with start(*args, fake_args=("--token-delay", "0.05", "--slots", "2")) as srv:
+        alice, bob = _As(srv, keys["alice"]), _As(srv, keys["bob"])
+        order: list[str] = []
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def ask(who: _As, name: str, i: int) -> None:
+            body = {"messages": [{"role": "user", "content": f"{name} {i}"}], "max_tokens": 8}
+            answer = who.call("POST", "/chat/completions", json=body)
+            with lock:
+                statuses.append(answer.status_code)
+                if answer.status_code == 200:
+                    order.append(name)
+                else:
+                    assert answer.status_code == 429 and answer.headers["Retry-After"]
+
+        flood = [threading.Thread(target=ask, args=(alice, "alice", i)) for i in range(20)]
+        for thread in flood:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while _waiting(alice) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ask(bob, "bob", 0)
+        for thread in flood:
+            thread.join()
+    assert "bob" in order and 429 in statuses  # her flood met her limit, not his
+    after = len(order) - 1 - order.index("bob")
+    # in arrival order bob would wait behind all of her queued requests (6 or more)
+    assert after >= 4, order
+
+
+def _waiting(who: _As) -> int:
+    return int(who.call("GET", "/warmstart/stats").json()["queue"]["waiting"])

@@ -161,6 +161,14 @@ def _run_exec_start(server: Server, scratch: Path) -> None:
         stats = _wrapper(server, "cache", "stats", "--json")
         assert stats.returncode == 0, stats.stderr
         assert "source" not in json.loads(stats.stdout)  # the server's stats, not the files'
+        # and gives a person a key, which the running service takes at once
+        added = _wrapper(server, "keys", "add", "alice")
+        assert added.returncode == 0, added.stderr
+        alice = next(w for w in added.stdout.split() if w.startswith("wsk-"))
+        theirs = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {alice}"})
+        assert theirs.status_code == 200
+        keys = server.state / "keys.json"
+        assert alice not in keys.read_text() and keys.stat().st_uid == pwd.getpwnam(USER).pw_uid
     finally:
         notify.close()
         proc.terminate()

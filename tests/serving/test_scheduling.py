@@ -79,6 +79,7 @@ class _Job:
         self.next_step = None  # a reply token for the worker to decode (none here)
         self.to_prefill = 0
         self.admitted = SimpleNamespace(session_id=None)
+        self.request = SimpleNamespace(owner="")  # one user: served in arrival order
         self.report = SimpleNamespace(
             prompt_tokens=0, completion_tokens=0, restored=dict.fromkeys(TIERS, 0), session_id=None
         )
