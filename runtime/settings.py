@@ -204,6 +204,15 @@ class Settings(BaseSettings):
         "written (full, read-only, damaged); meanwhile the cache runs from RAM",
     )
 
+    durable_after_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="a conversation answered this many seconds before a crash is on disk "
+        "whatever the load: its capture and disk writes, which otherwise wait for idle "
+        "moments, then take a waiting client's turn, at most once per half of it",
+    )
+
     switch_wait_s: float = Field(
         60.0,
         gt=0,
@@ -337,6 +346,17 @@ class Settings(BaseSettings):
     @property
     def effective_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
+
+    def durability_reason(self) -> str:
+        """Why durable_after_s is what it is (doctor, /v1/warmstart/settings)."""
+        given = "durable_after_s" in self.model_fields_set
+        why = "set by durable_after_s" if given else "the default"
+        return (
+            f"{why}: a chat answered this long before a crash restores from disk after it, "
+            "however busy the server; its capture and writes yield to waiting clients, and "
+            "take a client's turn at most once per half of it (shorter: more turns taken "
+            "under load; longer: more recent chats lost in a crash)"
+        )
 
     @property
     def effective_keys_file(self) -> Path:

@@ -229,6 +229,10 @@ def doctor(settings: Settings, as_json: bool = False) -> int:
         llama_build=llama_build_info(),
         model={"name": model_name(loaded.path, load_catalogue()), "path": str(loaded.path)},
     )
+    report["settings"]["durable_after_s"] = {
+        "value": settings.durable_after_s,
+        "reason": settings.durability_reason(),
+    }
     cache_dir = settings.effective_cache_dir
     report["hardware"]["cache_dir"] = {
         "path": str(cache_dir),

@@ -52,6 +52,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "recalibrate",
         "calibrate_first",
         "disk_retry_s",
+        "durable_after_s",
         "memory_floor_bytes",
         "memory_check_s",
     ),

@@ -16,6 +16,7 @@ worker thread while the transfer worker writes to disk.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -49,12 +50,15 @@ class TieredStore:
         disk_problem: str | None = None,
         retry_s: float = 30.0,
         run_tokens: int = 1,
+        durable_s: float = math.inf,
     ) -> None:
         """``reopen`` opens the disk tier again (raising DiskUnavailable): with it, a
         tier that could not be opened (``disk`` None, ``disk_problem`` saying why) or
         stopped being writable is tried again every ``retry_s`` seconds. ``run_tokens``:
         the longest chunk a run of one-token batches is kept in (see ``chunk_spans``;
-        1: a chunk for each)."""
+        1: a chunk for each). ``durable_s``: a write waits for a quiet engine until
+        half of it has passed since the chunk was kept, no longer (Transfers)."""
+        self.durable_s = durable_s
         self.run_tokens = run_tokens
         self.fingerprint = fingerprint
         self.root = root_key(fingerprint)

@@ -114,7 +114,7 @@ class Transfers:
     # writes: on the writer thread ----------------------------------------------------
     def write(self, record: Record, payload: np.ndarray) -> None:
         """Writes the chunk through (it is pinned by the store until ``written``)."""
-        self._queue.put(("put", (record, payload)))
+        self._queue.put(("put", (record, payload, time.monotonic())))
 
     def delete(self, key: bytes) -> None:
         self._queue.put(("delete", key))
@@ -155,9 +155,12 @@ class Transfers:
         while not (self._quiet.is_set() or give_up()):
             self._quiet.wait(0.05)
 
-    def _hold_write(self) -> None:
-        """Until no request is computed, a flush waits, or HOLD_S have passed."""
-        deadline = time.monotonic() + HOLD_S
+    def _hold_write(self, kept_at: float) -> None:
+        """Until no request is computed, a flush waits, or HOLD_S have passed; never
+        past half of the store's ``durable_s`` after the chunk was kept (``kept_at``):
+        under a steady load every write would wait its HOLD_S, one after another, and
+        a burst of chats' chunks would reach the disk minutes late."""
+        deadline = min(time.monotonic() + HOLD_S, kept_at + self._store.durable_s / 2)
         self._wait_quiet(lambda: bool(self._flushing) or time.monotonic() >= deadline)
 
     def close(self) -> None:
@@ -180,8 +183,9 @@ class Transfers:
                     return
                 op, arg = item
                 if op == "put":
-                    self._hold_write()
-                    self._write_one(*arg)
+                    record, payload, kept_at = arg
+                    self._hold_write(kept_at)
+                    self._write_one(record, payload)
                 elif op == "delete" and store.disk is not None:
                     store.disk.delete(arg)
             except Exception:  # the writer must outlive any one bad chunk

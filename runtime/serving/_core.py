@@ -110,6 +110,7 @@ class LocalRuntime:
             self.tuning.resident_sequences,
             on_busy=hold,
             decode_batch=self.tuning.decode_batch,
+            durable_s=settings.durable_after_s,
         )
         self.counters = self.worker.counters
         waiting = self.worker.waiting
@@ -163,6 +164,7 @@ class LocalRuntime:
             disk_problem=problem,
             retry_s=s.disk_retry_s,
             run_tokens=t.chunk_tokens,
+            durable_s=s.durable_after_s,
         )
 
     # requests ------------------------------------------------------------------------------
@@ -472,7 +474,12 @@ class LocalRuntime:
         return self.embeddings.result(tokenized, vectors)
 
     def settings_report(self) -> dict[str, dict[str, Any]]:
-        return self.tuning.report()
+        report = self.tuning.report()
+        report["durable_after_s"] = {
+            "value": self.settings.durable_after_s,
+            "reason": self.settings.durability_reason(),
+        }
+        return report
 
     def degraded(self) -> dict[str, str]:
         """What runs in a reduced mode now, and why (cheap: /health asks it)."""

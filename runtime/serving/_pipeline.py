@@ -94,6 +94,7 @@ class Job:
         self.tools = admitted.tools
         self.reply_message: Message | None = None
         self.background = False  # the client has its answer: what is left can wait
+        self.answered_at: float | None = None  # when it did (time.monotonic())
         # in the prompt's prefill: a cancel stops the decode in progress (see core)
         self.prefilling = False
         # what the worker ranks it by (_worker.py): the prompt's tokens left to compute
@@ -160,6 +161,7 @@ class Job:
             self._remember()
             self.stream.finish(self.report, self.reply_message)
             self.background = True
+            self.answered_at = time.monotonic()
             yield
             yield from self._after_reply(res)
             yield from self._rehome(displaced)
@@ -268,6 +270,7 @@ class Job:
         self._save_session(None, len(res.tokens))
         self.stream.finish(self.report)
         self.background = True
+        self.answered_at = time.monotonic()
         yield
         leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
         if leaf is not None:

@@ -79,11 +79,16 @@ class Worker:
         resident_sequences: int,
         on_busy: Callable[[bool], None] | None = None,
         decode_batch: int = 1,
+        durable_s: float = math.inf,
     ) -> None:
         """``on_busy(True)`` when a request's client starts waiting on the engine (a
         request queued, or one whose prompt or reply is being computed), and
-        ``on_busy(False)`` when none is any more: the store's writes wait meanwhile."""
+        ``on_busy(False)`` when none is any more: the store's writes wait meanwhile.
+        ``durable_s`` (durable_after_s): the longest a reply's capture waits for an
+        idle moment (see ``_capture_overdue``)."""
         self.engine = engine
+        self._durable_s = durable_s
+        self._forced_at = -math.inf  # when captures last took a waiting client's turn
         self._on_busy = on_busy
         self._busy = False
         self._slots = resident_sequences
@@ -240,6 +245,7 @@ class Worker:
                 except BaseException as exc:
                     fut.set_exception(exc)
             if active:
+                self._capture_overdue(active)
                 self._step(active)
             # before idle is said: wait_idle() then stats() sees it all
             due = time.monotonic() - self._published >= PUBLISH_S
@@ -360,13 +366,42 @@ class Worker:
         else:
             self._account(job)
 
-    def _step(self, active: Active) -> None:
+    def _capture_overdue(self, active: Active) -> None:
+        """Captures wait for moments no client waits; under a steady stream of requests
+        that may be never, and a crash then loses every conversation answered since.
+        So the replies answered half of ``durable_s`` ago or more and not captured yet
+        are captured now, all in one go, at most once per half of ``durable_s``: a
+        waiting client loses that turn at most once an interval, and the chunks reach
+        the disk writer in time to be written before ``durable_s`` (the writer's own
+        bound: Transfers)."""
+        now = time.monotonic()
+        half = self._durable_s / 2
+        if half == math.inf or now - self._forced_at < half:
+            return
+        overdue = [
+            job
+            for job, _ in active
+            if job.background
+            and not job.captured
+            and job.answered_at is not None
+            and now - job.answered_at >= half
+        ]
+        if overdue and self._clients_wait(active):
+            self._forced_at = now
+            self.counters["overdue_captures"] += len(overdue)
+            for job in overdue:
+                self._step(active, job)
+
+    def _step(self, active: Active, chosen: Job | None = None) -> None:
+        """One step of the job that goes first, or of ``chosen``."""
         # work whose client already has its answer (capture, settling a reply) waits
         # while any request still has a client waiting; among it, captures come first:
         # a request that shares a prompt finds its chunks stored sooner, whatever
         # settling is queued
         now = time.perf_counter()
         first = min(range(len(active)), key=lambda i: _rank(active[i][0], now, self._stepped))
+        if chosen is not None:
+            first = next(i for i, (job, _) in enumerate(active) if job is chosen)
         active.rotate(-first)  # the others keep their round-robin order
         job, steps = active.popleft()
         with self._cv:  # (enqueue changes waiting under the lock)
