@@ -32,6 +32,17 @@ os.environ.setdefault("WARMSTART_CALIBRATE_FIRST", "1")
 SHARED_VERDICTS = MODELS_DIR.parent / "extra_buffers.json"
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Iterator[None]:
+    """The CLI's main sets its process's umask to 077 (runtime/_private.py): a test that
+    calls it in-process (tests/test_users.py) must not leave every later test under it,
+    or the installers' tests, whose other users read what the suite writes, fail."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 @pytest.fixture
 def clean_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Settings from defaults only: no WARMSTART_ variable and no config file."""

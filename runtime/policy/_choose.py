@@ -368,10 +368,12 @@ def _decode_batch(
         )
     if calibration is None:
         return 1, "not measured: replies are decoded one at a time"
+    if proven_by < 2 and not calibration.decode_batch_note:  # an engine without the probe
+        return 1, "replies are decoded one at a time: no batch of them was proven exact"
     if proven_by < 2:
         return 1, (
             f"replies are decoded one at a time: decoded together, they differ from each "
-            f"decoded alone on this machine ({calibration.decode_batch_note or 'not measured'})"
+            f"decoded alone on this machine ({calibration.decode_batch_note})"
         )
     return proven_by, (
         f"measured: up to {proven_by} replies decoded in one step get every step's logits "

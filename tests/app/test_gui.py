@@ -114,9 +114,11 @@ def test_switch_conversations_and_come_back_is_a_cache_hit(qtbot, real_server, a
 
 @pytest.mark.slow
 def test_restart_and_resume_from_disk(qtbot, real_server, app_data):
-    # The app warms recent conversations up to RAM when it connects; without that the
-    # restored conversation comes straight from disk, which is what this test is about.
-    no_prewarm = {"overrides": {"prewarm_sessions": "0"}}
+    # The app warms recent conversations up to RAM when it connects, and sends an opened
+    # conversation as a draft (which restores it into a live sequence); without both
+    # the restored conversation comes straight from disk, which is what this test is
+    # about (tests/app/test_drafts_gui.py covers the draft on opening).
+    no_prewarm = {"overrides": {"prewarm_sessions": "0"}, "drafts": "off"}
     app = make_app(qtbot, app_data, real_server.url, max_tokens=32, **no_prewarm)
     send(
         qtbot,
