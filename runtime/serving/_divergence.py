@@ -110,8 +110,8 @@ def _first_message(old: Sequence[Message], new: Sequence[Message], cost: int) ->
         return Divergence(
             where, i, at, old_text, new_text, pattern, _CLOCK_FIX if clock else None, cost
         )
-    if len(new) < len(old):  # a shorter conversation than before
-        return Divergence(f"message {len(new)}", len(new), None, "", "", None, None, cost)
+    # a shorter conversation whose messages all stand in the previous one (a question
+    # asked again, a regenerate, turns taken back) differs in no text: nothing to show
     return None
 
 

@@ -45,6 +45,14 @@ def test_the_pure_rule_names_the_message_the_offset_and_both_texts() -> None:
     assert found.text().startswith(f'system message, character {found.offset}: "12:03')
 
 
+def test_a_question_asked_again_is_no_divergence() -> None:
+    """`warmstart ask` twice, or a regenerate: the conversation stored after the first
+    holds the reply too, and the request is that conversation less its reply."""
+    asked = (_system("12:02"), Message("user", "Hi"))
+    previous = Previous((*asked, Message("assistant", "Hello!")), (), "fp", 40)
+    assert explain(previous, Request(messages=asked), "fp", 2) is None
+
+
 def test_the_pure_rule_names_a_changed_model() -> None:
     messages = (Message("user", "Hi"),)
     found = explain(Previous(messages, (), "old", 10), Request(messages=messages), "new", 10)
