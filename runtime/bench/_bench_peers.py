@@ -11,6 +11,8 @@ several clients (`_peers.run_trace`) against each in turn; the tables print as
 Markdown. Prints figures; asserts nothing.
 
     python -m warmstart.runtime.bench [--systems ...] [--quick] [--skip-build]
+
+``--paste``: the paste scenario instead (`_paste_peers.py`), llama-server and warmstart.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from ..errors import PeerError, WarmstartError
 from ..models import synthetic_name
 from . import _peers
 from ._builds import LLAMA_BUILD, build_llama_server, install_hearth, llama_server_binary
+from ._paste import TYPE_SECONDS
+from ._paste_peers import SYSTEMS as PASTE_SYSTEMS
+from ._paste_peers import PasteRun, render_paste_peers, run_paste_peers
 from ._servers import Server, running, server_env
 from ._systems import TOTAL_CTX, Setup, scenario_server, trace_server
 
@@ -168,6 +173,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"about how many tokens each system prompt has (default {_peers.PROMPT_TOKENS:,}; "
         f"--quick {_peers.QUICK_TOKENS}, --long {_peers.LONG_TOKENS:,})",
     )
+    p.add_argument(
+        "--paste",
+        action="store_true",
+        help="the paste scenario instead (llama-server and warmstart only): a text pasted, "
+        "a question typed with warmstart's drafts, then Enter (runtime/bench/_paste_peers.py)",
+    )
+    p.add_argument(
+        "--paste-tokens",
+        type=int,
+        default=3_000,
+        help="about how many tokens the paste has (default %(default)s)",
+    )
+    p.add_argument(
+        "--type-seconds",
+        type=float,
+        default=TYPE_SECONDS,
+        help="how long the question takes to type (default: at 4.5 characters a second, "
+        "%(default).1f s)",
+    )
     only = p.add_mutually_exclusive_group()
     only.add_argument("--no-trace", action="store_true", help="the session scenario only")
     only.add_argument("--trace-only", action="store_true", help="the trace only")
@@ -183,6 +207,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown or not args.systems:
         p.error(f"--systems: unknown {', '.join(unknown) or '(none)'}; choose from {SYSTEMS}")
+    if args.paste:  # a draft route is warmstart's; llama-server is the comparison
+        args.systems = [s for s in args.systems if s in PASTE_SYSTEMS]
+        if not args.systems:
+            p.error(f"--paste runs {' and '.join(PASTE_SYSTEMS)} only")
     return args
 
 
@@ -249,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace) -> str:
     """Every system's scenario, then the trace of llama-server and warmstart: the tables."""
     setup = resolve_setup(args)
+    if args.paste:
+        return measure_paste(args, setup)
     synthetic = synthetic_name(args.model) is not None
     per = _peers.SYNTHETIC_CHARS_PER_TOKEN if synthetic else _peers.CHARS_PER_TOKEN
     prompts = _peers.Prompts.make(args.quick, args.prompt_tokens, per, args.long)
@@ -263,6 +293,20 @@ def measure(args: argparse.Namespace) -> str:
         )
         trace = run_traces(setup, traced, plan, max(args.trace_rounds, 1), tmp)
     return render(scen, trace, args.systems, setup, plan)
+
+
+def measure_paste(args: argparse.Namespace, setup: Setup) -> str:
+    """The paste scenario on llama-server and warmstart side by side: the table."""
+    run = PasteRun(args.paste_tokens, args.type_seconds)
+    with tempfile.TemporaryDirectory(prefix="bench-peers-paste-") as tmp:
+        servers = [scenario_server(setup, s) for s in args.systems]
+        replies = run_paste_peers(servers, [_home(tmp, s) for s in args.systems], run)
+    head = (
+        f"model {setup.model.name}; paste of about {args.paste_tokens:,} tokens; llama-server "
+        f"-t {setup.threads} -np 1 -c {TOTAL_CTX} --no-repack -fa {setup.llama_fa}; "
+        "warmstart calibrated first"
+    )
+    return head + "\n\n" + render_paste_peers(replies, run)
 
 
 def _home(tmp: str, name: str) -> Path:

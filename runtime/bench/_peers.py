@@ -116,7 +116,13 @@ class Reply:
     longest_pause: float = math.nan
 
 
-def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900) -> Reply:
+def ask(
+    base_url: str,
+    messages: Messages,
+    max_tokens: int,
+    timeout: float = 900,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """One greedy streamed chat completion, timed on the client side."""
     body = json.dumps(
         {
@@ -129,7 +135,9 @@ def ask(base_url: str, messages: Messages, max_tokens: int, timeout: float = 900
         }
     ).encode()
     req = urllib.request.Request(
-        f"{base_url}/v1/chat/completions", body, {"Content-Type": "application/json"}
+        f"{base_url}/v1/chat/completions",
+        body,
+        {"Content-Type": "application/json", **(headers or {})},
     )
     started = time.perf_counter()
     first: float | None = None

@@ -160,8 +160,9 @@ def _add_service_commands(commands: _Commands) -> None:
     p.add_argument(
         "--type-seconds",
         type=float,
-        default=30.0,
-        help="how long the question takes to type in the paste scenario (default 30)",
+        default=None,
+        help="how long the paste scenario's ~75-character question takes to type "
+        "(default: at 4.5 characters a second, about 16 s)",
     )
     p.add_argument("--conversations", type=int, default=20)
     p = commands.add(

@@ -5,7 +5,6 @@ model. It prints figures; nothing here asserts a timing."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,8 @@ from warmstart.runtime.bench import _peers as _peers
 from warmstart.runtime.bench import _servers
 from warmstart.runtime.bench._peers import Reply, TracePlan, TraceResult
 from warmstart.runtime.bench._systems import Setup
+
+from tests.bench.conftest import fake_system
 
 
 def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> None:
@@ -137,19 +138,7 @@ def test_a_missing_llama_server_with_skip_build_says_so(
 
 
 def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> None:
-    # the runtime's fake behind the real HTTP API: warmstart serve's own calibration
-    # takes minutes on a loaded 2-core machine, and this is about the benchmark's logic
-    fake = _servers.Server(
-        "fake",
-        lambda port, home: [
-            sys.executable,
-            "-m",
-            "warmstart.runtime.api",
-            "--fake",
-            "--port",
-            str(port),
-        ],
-    )
+    fake = fake_system("fake")
     prompts, plan = _peers.Prompts.make(True), TracePlan.make(True)
     replies: dict[str, Reply] = {}
     with _servers.running(fake, tmp_path, "first", _servers.server_env(fake, tmp_path)) as url:
@@ -250,15 +239,11 @@ def test_the_scenario_runs_on_every_system_side_by_side(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bench_peers, "QUIET_S", 0.0)
-
-    def fake(name: str) -> _servers.Server:
-        argv = [sys.executable, "-m", "warmstart.runtime.api", "--fake", "--port"]
-        return _servers.Server(name, lambda port, home: [*argv, str(port)])
-
     homes = [tmp_path / "one", tmp_path / "warmstart-fresh"]
     for home in homes:
         home.mkdir()
     prompts = _peers.Prompts.make(True)
-    scen = bench_peers.run_scenarios([fake("one"), fake("warmstart-fresh")], homes, prompts)
+    systems = [fake_system("one"), fake_system("warmstart-fresh")]
+    scen = bench_peers.run_scenarios(systems, homes, prompts)
     assert set(scen["one"]) == set(_peers.FIRST_LABELS + _peers.RESTART_LABELS)
     assert set(scen["warmstart-fresh"]) == set(_peers.FIRST_LABELS)  # the first process only
