@@ -7,7 +7,7 @@ gets a fresh home; warmstart is calibrated first (`warmstart doctor`), and a sec
 warmstart column is the first process of a fresh data dir. Then the session scenario
 (`_peers.first_process_steps`, a restart, `_peers.restart_steps`) runs against all of
 them up at once, each step on one after another (`run_scenarios`), and the trace of
-several clients (`_peers.run_trace`) against each in turn; the tables print as
+several clients (`_trace.run_trace`) against each in turn; the tables print as
 Markdown. Prints figures; asserts nothing.
 
     python -m warmstart.runtime.bench [--systems ...] [--quick] [--skip-build]
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import PeerError, WarmstartError
 from ..models import synthetic_name
-from . import _peers
+from . import _peers, _trace
 from ._builds import LLAMA_BUILD, build_llama_server, install_hearth, llama_server_binary
 from ._paste import TYPE_SECONDS
 from ._paste_peers import SYSTEMS as PASTE_SYSTEMS
@@ -87,33 +87,37 @@ def run_scenarios(
     return replies
 
 
-def run_trace(server: Server, home: Path, plan: _peers.TracePlan) -> _peers.TraceResult:
+def run_trace(server: Server, home: Path, plan: _trace.TracePlan) -> _trace.TraceResult:
     env = server_env(server, home)
     if server.prepare is not None:
         server.prepare(home, env)
     with running(server, home, "trace", env) as url:
-        result = _peers.run_trace(url, plan)
+        result = _trace.run_trace(url, plan)
     worst = ", ".join(f"{t:.2f}" for t in sorted(result.ttfts)[-3:])
     log.info(
         "%-13s trace: %d requests in %.1f s, the longest TTFTs %s s",
         *(server.name, len(result.ttfts), result.wall_s, worst),
     )
+    if result.batching is not None:
+        b = result.batching
+        log.info("%-13s decode steps shared: %d (%d tokens); decode_batch %d: %s",
+                 server.name, b.steps, b.tokens, b.most, b.reason)  # fmt: skip
     return result
 
 
 def run_traces(
-    setup: Setup, names: list[str], plan: _peers.TracePlan, rounds: int, tmp: str
-) -> dict[str, _peers.TraceResult]:
+    setup: Setup, names: list[str], plan: _trace.TracePlan, rounds: int, tmp: str
+) -> dict[str, _trace.TraceResult]:
     """Each system's trace ``rounds`` times, in rounds that alternate who goes first
     (A B, B A, ...), each run on a fresh home, pooled: the trace takes about half a
     minute a system, and this machine's speed drifts by 20% within minutes, so one
     run of each, one after the other, put the drift into their ratio (the P99 read
     0.92 in one run and 1.20 in the next)."""
-    pooled = {name: _peers.TraceResult() for name in names}
+    pooled = {name: _trace.TraceResult() for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             home = _home(tmp, f"{name}-trace-{r}")
-            pooled[name].add(run_trace(trace_server(setup, name), home, plan))
+            pooled[name].add(run_trace(trace_server(setup, name, plan.clients), home, plan))
     return pooled
 
 
@@ -196,6 +200,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     only.add_argument("--no-trace", action="store_true", help="the session scenario only")
     only.add_argument("--trace-only", action="store_true", help="the trace only")
     p.add_argument(
+        "--clients",
+        type=int,
+        default=_trace.CLIENTS,
+        help="clients in the trace (default %(default)s): llama-server gets -np CLIENTS and "
+        "warmstart --resident-sequences CLIENTS, each a share of the same total context",
+    )
+    p.add_argument(
         "--trace-rounds",
         type=int,
         default=2,
@@ -211,6 +222,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.systems = [s for s in args.systems if s in PASTE_SYSTEMS]
         if not args.systems:
             p.error(f"--paste runs {' and '.join(PASTE_SYSTEMS)} only")
+    if not 1 <= args.clients <= TOTAL_CTX // 512:
+        p.error(f"--clients: 1 to {TOTAL_CTX // 512} (each gets a share of {TOTAL_CTX} tokens)")
     return args
 
 
@@ -282,7 +295,7 @@ def measure(args: argparse.Namespace) -> str:
     synthetic = synthetic_name(args.model) is not None
     per = _peers.SYNTHETIC_CHARS_PER_TOKEN if synthetic else _peers.CHARS_PER_TOKEN
     prompts = _peers.Prompts.make(args.quick, args.prompt_tokens, per, args.long)
-    plan = _peers.TracePlan.make(args.quick, per)
+    plan = _trace.TracePlan.make(args.quick, per, args.clients)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         scen: dict[str, dict[str, _peers.Reply]] = {}
         if not args.trace_only:
@@ -317,10 +330,10 @@ def _home(tmp: str, name: str) -> Path:
 
 def render(
     scen: dict[str, dict[str, _peers.Reply]],
-    trace: dict[str, _peers.TraceResult],
+    trace: dict[str, _trace.TraceResult],
     systems: list[str],
     setup: Setup,
-    plan: _peers.TracePlan,
+    plan: _trace.TracePlan,
 ) -> str:
     a = next(iter(scen.values()), {}).get("A cold")
     head = (
@@ -331,5 +344,12 @@ def render(
     )
     out = [head, "", _peers.scenario_table(scen, systems)] if scen else [head]
     if trace:
-        out += ["", _peers.trace_table(trace, plan)]
+        per = TOTAL_CTX // plan.clients
+        out += [
+            "",
+            f"the trace: llama-server -np {plan.clients} -c {TOTAL_CTX}; warmstart "
+            f"--resident-sequences {plan.clients} --n-ctx {per}, calibrated first",
+            "",
+            _trace.trace_table(trace, plan),
+        ]
     return "\n".join(out)

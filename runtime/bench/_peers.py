@@ -1,5 +1,5 @@
 """The client side of `bench_peers`: prompts, one streamed OpenAI request, the session
-scenario, the multi-client trace, percentiles and the tables. No server is started here;
+scenario and its table (the multi-client trace is `_trace`). No server is started here;
 everything talks to a base URL, so the same code times warmstart, llama-server and
 hearth-llm, and a test runs it against warmstart alone.
 """
@@ -10,11 +10,10 @@ import json
 import math
 import random
 import statistics
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import PeerError
 
@@ -326,108 +325,6 @@ def decode_rate(replies: dict[str, Reply], labels: Sequence[str]) -> float:
     return statistics.median(rates) if rates else math.nan
 
 
-# the trace under load --------------------------------------------------------------------
-@dataclass(frozen=True)
-class TracePlan:
-    clients: int
-    chats: int  # per client, each with a system prompt of its own
-    turns: int
-    system_chars: int
-    max_tokens: int
-
-    @classmethod
-    def make(cls, quick: bool, chars_per_token: float = CHARS_PER_TOKEN) -> TracePlan:
-        # 4 clients x 3 chats: 12 conversations of ~400-token system prompts, more than
-        # the 4 that each server keeps live in the same total context
-        scale = chars_per_token / CHARS_PER_TOKEN
-        if quick:
-            return cls(clients=4, chats=2, turns=2, system_chars=round(400 * scale), max_tokens=8)
-        return cls(clients=4, chats=3, turns=3, system_chars=round(1_600 * scale), max_tokens=16)
-
-    @property
-    def requests(self) -> int:
-        return self.clients * self.chats * self.turns
-
-
-@dataclass
-class TraceResult:
-    ttfts: list[float] = field(default_factory=list)
-    decode_tps: list[float] = field(default_factory=list)
-    completion_tokens: int = 0
-    wall_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
-    pauses: list[float] = field(default_factory=list)  # each reply's longest
-
-    def add(self, other: TraceResult) -> None:
-        """Pools another run of the same trace into this one."""
-        self.ttfts += other.ttfts
-        self.decode_tps += other.decode_tps
-        self.completion_tokens += other.completion_tokens
-        self.wall_s += other.wall_s
-        self.errors += other.errors
-        self.pauses += other.pauses
-
-
-def _client(
-    base_url: str,
-    plan: TracePlan,
-    index: int,
-    out: TraceResult,
-    lock: threading.Lock,
-    start: threading.Barrier,
-) -> None:
-    """One user: turn 1 of each chat, then back to the oldest for turn 2, and so on."""
-    systems = [document(100 + index * plan.chats + c, plan.system_chars) for c in range(plan.chats)]
-    history: list[list[tuple[str, str]]] = [[] for _ in systems]
-    start.wait()
-    for turn in range(plan.turns):
-        for chat, system in enumerate(systems):
-            question = QUESTIONS[(turn + chat + index) % len(QUESTIONS)]
-            try:
-                reply = ask(
-                    base_url, conversation(system, question, history[chat]), plan.max_tokens
-                )
-            except PeerError as exc:
-                with lock:
-                    out.errors.append(str(exc))
-                return
-            history[chat].append((question, reply.text))
-            with lock:
-                out.ttfts.append(reply.ttft)
-                out.completion_tokens += reply.completion_tokens
-                if reply.completion_tokens >= 4:
-                    out.decode_tps.append(reply.decode_tps)
-                if not math.isnan(reply.longest_pause):
-                    out.pauses.append(reply.longest_pause)
-
-
-def run_trace(base_url: str, plan: TracePlan) -> TraceResult:
-    out, lock = TraceResult(), threading.Lock()
-    start = threading.Barrier(plan.clients + 1)
-    threads = [
-        threading.Thread(target=_client, args=(base_url, plan, i, out, lock, start), daemon=True)
-        for i in range(plan.clients)
-    ]
-    for t in threads:
-        t.start()
-    start.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
-    out.wall_s = time.perf_counter() - began
-    if out.errors:
-        raise PeerError(f"{base_url}: {len(out.errors)} trace requests failed: {out.errors[0]}")
-    return out
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """The nearest-rank percentile (P99 of 36 samples is the largest): nan when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
 # the tables ------------------------------------------------------------------------------
 SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
     # two chats' cold prompts: one is a draw of a 7 to 10 s prefill that this machine's
@@ -501,29 +398,3 @@ def scenario_table(
         row = [name, *(_cell(vals_d[s], "tok/s") for s in shown)]
         rows.append(row + ([_ratio(vals_d[ratio[0]], vals_d[ratio[1]])] if with_ratio else []))
     return _markdown(header, rows)
-
-
-def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
-    header = ["trace", *results]
-    stats: list[tuple[str, Callable[[TraceResult], float], str]] = [
-        ("P50 TTFT", lambda r: percentile(r.ttfts, 50), "s"),
-        ("P99 TTFT", lambda r: percentile(r.ttfts, 99), "s"),
-        ("decode, tok/s (median request)", lambda r: percentile(r.decode_tps, 50), "tok/s"),
-        # what the tail of first tokens is traded against: a reply being read stands
-        # still while other clients' prompts are computed
-        ("P99 of a reply's longest pause", lambda r: percentile(r.pauses, 99), "s"),
-        ("tokens/s over the trace", lambda r: r.completion_tokens / r.wall_s, "tok/s"),
-        ("wall time (all runs)", lambda r: r.wall_s, "s"),
-    ]
-    rows = [[name, *(_cell(fn(r), unit) for r in results.values())] for name, fn, unit in stats]
-    rounds = max((len(r.ttfts) // plan.requests for r in results.values()), default=1)
-    title = (
-        f"{plan.clients} clients x {plan.chats} chats x {plan.turns} turns "
-        f"({plan.requests} requests, {plan.max_tokens}-token replies)"
-    )
-    if rounds > 1:
-        title += (
-            f", run {rounds} times on each system, interleaved (one then the other, then "
-            "the other way round); the figures pool every run"
-        )
-    return title + "\n\n" + _markdown(header, rows)

@@ -129,12 +129,12 @@ def scenario_server(setup: Setup, name: str) -> Server:
     return _warmstart(setup, name, calibrate=name == "warmstart", extra=[])
 
 
-def trace_server(setup: Setup, name: str) -> Server:
-    """The same total context, four conversations live: `-np 4` slots of 2,048 tokens,
-    and warmstart with four resident sequences of 2,048."""
+def trace_server(setup: Setup, name: str, clients: int) -> Server:
+    """The same total context, one conversation live per client: llama-server with
+    ``-np clients`` slots, warmstart with as many resident sequences, each
+    ``TOTAL_CTX // clients`` tokens."""
     if name == "llama-server":
-        return _llama_server(setup, slots=4)
-    per = str(TOTAL_CTX // 4)
-    return _warmstart(
-        setup, name, calibrate=True, extra=["--n-ctx", per, "--resident-sequences", "4"]
-    )
+        return _llama_server(setup, slots=clients)
+    per = str(TOTAL_CTX // clients)
+    extra = ["--n-ctx", per, "--resident-sequences", str(clients)]
+    return _warmstart(setup, name, calibrate=True, extra=extra)

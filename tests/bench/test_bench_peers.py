@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from warmstart.runtime.bench import _bench_peers as bench_peers
 from warmstart.runtime.bench import _peers as _peers
-from warmstart.runtime.bench import _servers
-from warmstart.runtime.bench._peers import Reply, TracePlan, TraceResult
+from warmstart.runtime.bench import _servers, _trace
+from warmstart.runtime.bench._peers import Reply
 from warmstart.runtime.bench._systems import Setup
+from warmstart.runtime.bench._trace import Batching, TracePlan, TraceResult
 
 from tests.bench.conftest import fake_system
 
@@ -27,10 +28,10 @@ def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> Non
 
 def test_percentiles_are_nearest_rank() -> None:
     values = [float(v) for v in range(1, 37)]  # 36 requests, as in the trace
-    assert _peers.percentile(values, 50) == 18.0
-    assert _peers.percentile(values, 99) == 36.0
-    assert _peers.percentile([3.0], 99) == 3.0
-    assert math.isnan(_peers.percentile([], 50))
+    assert _trace.percentile(values, 50) == 18.0
+    assert _trace.percentile(values, 99) == 36.0
+    assert _trace.percentile([3.0], 99) == 3.0
+    assert math.isnan(_trace.percentile([], 50))
 
 
 def test_decode_is_timed_over_the_tokens_whose_text_came() -> None:
@@ -104,12 +105,56 @@ def test_the_trace_table_shows_the_tail_of_each_system() -> None:
     assert plan.requests == 36 and plan.clients * plan.chats > 4  # more than fit live
     fast = TraceResult([0.1] * 35 + [2.0], [30.0] * 36, 576, 12.0)
     fast.pauses = [0.02] * 35 + [3.0]  # one reply stood still for 3 s
-    table = _peers.trace_table({"llama-server": fast, "warmstart": fast}, plan)
+    table = _trace.trace_table({"llama-server": fast, "warmstart": fast}, plan)
     p99 = next(x for x in table.splitlines() if x.startswith("| P99 TTFT"))
     assert p99.split("|")[2].strip() == "2.000 s"
     pause = next(x for x in table.splitlines() if x.startswith("| P99 of a reply's longest"))
     assert pause.split("|")[2].strip() == "3.000 s"
     assert "36 requests" in table
+
+
+def test_the_trace_takes_n_clients_in_the_same_total_context(tmp_path: Path) -> None:
+    """--clients N: N clients, llama-server -np N, warmstart N resident sequences, each
+    a share of the same total context."""
+    from warmstart.runtime.bench._systems import TOTAL_CTX, trace_server
+
+    plan = TracePlan.make(False, clients=8)
+    assert plan.clients == 8 and plan.requests == 72
+    setup = Setup(tmp_path / "m.gguf", 2, [], tmp_path / "llama-server", None)
+    llama = trace_server(setup, "llama-server", 8).argv(1234, tmp_path)
+    assert llama[llama.index("-np") + 1] == "8" and llama[llama.index("-c") + 1] == str(TOTAL_CTX)
+    ours = trace_server(setup, "warmstart", 8).argv(1234, tmp_path)
+    assert ours[ours.index("--resident-sequences") + 1] == "8"
+    assert ours[ours.index("--n-ctx") + 1] == str(TOTAL_CTX // 8)
+    assert bench_peers.parse_args(["--clients", "8"]).clients == 8
+    assert bench_peers.parse_args([]).clients == 4
+
+
+@pytest.mark.parametrize("clients", ["0", "64"])
+def test_a_trace_of_no_clients_or_too_many_is_a_usage_error(
+    clients: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        bench_peers.parse_args(["--clients", clients])
+    assert "--clients" in capsys.readouterr().err
+
+
+def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
+    """warmstart's counters, pooled over the runs, with the share of decoded tokens
+    (each reply's first token is its prompt's) and the reason for decode_batch;
+    llama-server has none."""
+    plan = TracePlan.make(True, clients=2)  # 8 requests of 8 tokens
+    ours = TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=Batching(10, 20, 8, "measured"))
+    ours.add(TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=Batching(12, 24, 8, "measured")))
+    pooled = TraceResult()
+    pooled.add(ours)
+    theirs = TraceResult([0.1] * 16, [30.0] * 16, 128, 8.0)
+    table = _trace.trace_table({"llama-server": theirs, "warmstart": pooled}, plan)
+    row = next(x for x in table.splitlines() if x.startswith("| decode steps shared"))
+    # 128 tokens of 16 replies: 112 decoded, 44 of them in shared steps
+    assert row.split("|")[2:4] == [" - ", " 22 steps (44 tokens, 39% of decoded tokens) "]
+    assert "warmstart: decode_batch 8 (measured)" in table
+    assert "llama-server: decode_batch" not in table
 
 
 def test_an_unknown_system_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,7 +189,7 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     with _servers.running(fake, tmp_path, "first", _servers.server_env(fake, tmp_path)) as url:
         _peers.run_steps(url, _peers.first_process_steps(prompts), prompts.max_tokens, replies)
         _peers.run_steps(url, _peers.restart_steps(prompts), prompts.max_tokens, replies)
-        trace = _peers.run_trace(url, plan)
+        trace = _trace.run_trace(url, plan)
     assert set(replies) == set(_peers.FIRST_LABELS + _peers.RESTART_LABELS)
     assert all(r.text and r.completion_tokens > 0 for r in replies.values())
     assert replies["A turn 2"].prompt_tokens > replies["A cold"].prompt_tokens
@@ -153,7 +198,10 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     assert len(trace.pauses) == plan.requests and all(0 <= x < 60 for x in trace.pauses)
     table = _peers.scenario_table({"fake": replies}, ["fake"])
     assert all(f"| {name} |" in table for name, _ in _peers.SCENARIO_ROWS if "turn 3" not in name)
-    assert "| P99 TTFT |" in _peers.trace_table({"fake": trace}, plan)
+    assert "| P99 TTFT |" in _trace.trace_table({"fake": trace}, plan)
+    # the fake runtime decodes one reply at a time: no shared step, and says why
+    assert trace.batching is not None and trace.batching.steps == 0
+    assert trace.batching.most == 1 and trace.batching.reason
 
 
 def test_turn_2_goes_out_right_after_the_step_before_it() -> None:
@@ -221,7 +269,7 @@ def test_the_trace_runs_interleaved_and_pools_every_run(
         order.append(server.name)
         return TraceResult([0.1] * plan.requests, [20.0], 16, 10.0)
 
-    def server(setup: object, name: str) -> _servers.Server:
+    def server(setup: object, name: str, clients: int) -> _servers.Server:
         return _servers.Server(name, lambda port, home: [])
 
     monkeypatch.setattr(bench_peers, "run_trace", run_trace)
@@ -232,7 +280,7 @@ def test_the_trace_runs_interleaved_and_pools_every_run(
     assert order == [*names, *names[::-1], *names]
     assert len(pooled["warmstart"].ttfts) == 3 * plan.requests
     assert pooled["warmstart"].wall_s == 30.0
-    assert "run 3 times on each system, interleaved" in _peers.trace_table(pooled, plan)
+    assert "run 3 times on each system, interleaved" in _trace.trace_table(pooled, plan)
 
 
 def test_the_scenario_runs_on_every_system_side_by_side(

@@ -1,0 +1,214 @@
+"""The trace of `bench_peers`: several clients, each with chats of its own, sending their
+turns back to back against one server; percentiles, tokens/s over the trace, and, from
+warmstart's own endpoints, how many decode steps several replies shared."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import PeerError
+from ._peers import CHARS_PER_TOKEN, QUESTIONS, _cell, _markdown, ask, conversation, document
+
+CLIENTS = 4  # the issue's trace; --clients sets another count
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    clients: int
+    chats: int  # per client, each with a system prompt of its own
+    turns: int
+    system_chars: int
+    max_tokens: int
+
+    @classmethod
+    def make(
+        cls, quick: bool, chars_per_token: float = CHARS_PER_TOKEN, clients: int = CLIENTS
+    ) -> TracePlan:
+        # N clients x 3 chats: 3N conversations of ~400-token system prompts, more than
+        # the N that each server keeps live in the same total context
+        if clients < 1:
+            raise PeerError(f"the trace needs at least one client, not {clients}")
+        scale = chars_per_token / CHARS_PER_TOKEN
+        if quick:
+            return cls(clients, chats=2, turns=2, system_chars=round(400 * scale), max_tokens=8)
+        return cls(clients, chats=3, turns=3, system_chars=round(1_600 * scale), max_tokens=16)
+
+    @property
+    def requests(self) -> int:
+        return self.clients * self.chats * self.turns
+
+
+@dataclass
+class Batching:
+    """What a warmstart server says of its decode batching after a trace: decode steps
+    that held several replies' tokens, those tokens, and its ``decode_batch`` setting
+    with the reason it was chosen (the calibration's probe, or why not)."""
+
+    steps: int = 0
+    tokens: int = 0
+    most: int = 1
+    reason: str = ""
+
+
+@dataclass
+class TraceResult:
+    ttfts: list[float] = field(default_factory=list)
+    decode_tps: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    pauses: list[float] = field(default_factory=list)  # each reply's longest
+    batching: Batching | None = None  # None: the server has no such figures
+
+    def add(self, other: TraceResult) -> None:
+        """Pools another run of the same trace into this one."""
+        self.ttfts += other.ttfts
+        self.decode_tps += other.decode_tps
+        self.completion_tokens += other.completion_tokens
+        self.wall_s += other.wall_s
+        self.errors += other.errors
+        self.pauses += other.pauses
+        if other.batching is not None:
+            mine = self.batching or Batching(most=other.batching.most)
+            mine.steps += other.batching.steps
+            mine.tokens += other.batching.tokens
+            mine.reason = other.batching.reason
+            self.batching = mine
+
+
+def _client(
+    base_url: str,
+    plan: TracePlan,
+    index: int,
+    out: TraceResult,
+    lock: threading.Lock,
+    start: threading.Barrier,
+) -> None:
+    """One user: turn 1 of each chat, then back to the oldest for turn 2, and so on."""
+    systems = [document(100 + index * plan.chats + c, plan.system_chars) for c in range(plan.chats)]
+    history: list[list[tuple[str, str]]] = [[] for _ in systems]
+    start.wait()
+    for turn in range(plan.turns):
+        for chat, system in enumerate(systems):
+            question = QUESTIONS[(turn + chat + index) % len(QUESTIONS)]
+            try:
+                reply = ask(
+                    base_url, conversation(system, question, history[chat]), plan.max_tokens
+                )
+            except PeerError as exc:
+                with lock:
+                    out.errors.append(str(exc))
+                return
+            history[chat].append((question, reply.text))
+            with lock:
+                out.ttfts.append(reply.ttft)
+                out.completion_tokens += reply.completion_tokens
+                if reply.completion_tokens >= 4:
+                    out.decode_tps.append(reply.decode_tps)
+                if not math.isnan(reply.longest_pause):
+                    out.pauses.append(reply.longest_pause)
+
+
+def run_trace(base_url: str, plan: TracePlan) -> TraceResult:
+    """Every client's requests, the clients at once; then the server's batching figures
+    (counted over this server's life: a trace runs on a fresh one)."""
+    out, lock = TraceResult(), threading.Lock()
+    start = threading.Barrier(plan.clients + 1)
+    threads = [
+        threading.Thread(target=_client, args=(base_url, plan, i, out, lock, start), daemon=True)
+        for i in range(plan.clients)
+    ]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    out.wall_s = time.perf_counter() - began
+    if out.errors:
+        raise PeerError(f"{base_url}: {len(out.errors)} trace requests failed: {out.errors[0]}")
+    out.batching = batching(base_url)
+    return out
+
+
+def _get(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def batching(base_url: str) -> Batching | None:
+    """warmstart's batching figures (its stats and its decode_batch setting); None from
+    a server without them (llama-server answers 404)."""
+    try:
+        stats = _get(f"{base_url}/v1/warmstart/stats")
+        setting = _get(f"{base_url}/v1/warmstart/settings").get("decode_batch")
+    except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors
+        return None
+    most = setting if isinstance(setting, dict) else {}
+    return Batching(
+        steps=int(stats.get("batched_steps", 0)),  # type: ignore[call-overload]
+        tokens=int(stats.get("batched_tokens", 0)),  # type: ignore[call-overload]
+        most=int(most.get("value", 1)),
+        reason=str(most.get("reason", "")),
+    )
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank percentile (P99 of 36 samples is the largest): nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def _shared(r: TraceResult) -> str:
+    """Decode steps several replies shared, their tokens, and the share of all decoded
+    tokens (a reply's first comes from its prompt's prefill) that rode in them."""
+    if r.batching is None:
+        return "-"
+    decoded = r.completion_tokens - len(r.ttfts)
+    share = f", {100 * r.batching.tokens / decoded:.0f}% of decoded tokens" if decoded > 0 else ""
+    return f"{r.batching.steps} steps ({r.batching.tokens} tokens{share})"
+
+
+def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
+    header = ["trace", *results]
+    stats: list[tuple[str, Callable[[TraceResult], float], str]] = [
+        ("P50 TTFT", lambda r: percentile(r.ttfts, 50), "s"),
+        ("P99 TTFT", lambda r: percentile(r.ttfts, 99), "s"),
+        ("decode, tok/s (median request)", lambda r: percentile(r.decode_tps, 50), "tok/s"),
+        # what the tail of first tokens is traded against: a reply being read stands
+        # still while other clients' prompts are computed
+        ("P99 of a reply's longest pause", lambda r: percentile(r.pauses, 99), "s"),
+        ("tokens/s over the trace", lambda r: r.completion_tokens / r.wall_s, "tok/s"),
+        ("wall time (all runs)", lambda r: r.wall_s, "s"),
+    ]
+    rows = [[name, *(_cell(fn(r), unit) for r in results.values())] for name, fn, unit in stats]
+    rounds = max((len(r.ttfts) // plan.requests for r in results.values()), default=1)
+    rows.append(
+        [
+            "decode steps shared by several replies",
+            *(_shared(r) for r in results.values()),
+        ]
+    )
+    title = (
+        f"{plan.clients} clients x {plan.chats} chats x {plan.turns} turns "
+        f"({plan.requests} requests, {plan.max_tokens}-token replies)"
+    )
+    if rounds > 1:
+        title += (
+            f", run {rounds} times on each system, interleaved (one then the other, then "
+            "the other way round); the figures pool every run"
+        )
+    notes = [
+        f"{name}: decode_batch {r.batching.most} ({r.batching.reason})"
+        for name, r in results.items()
+        if r.batching is not None
+    ]
+    return "\n\n".join([title, _markdown(header, rows), *notes])
