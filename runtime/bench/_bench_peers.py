@@ -35,7 +35,7 @@ from ._builds import LLAMA_BUILD, build_llama_server, install_hearth, llama_serv
 from ._paste import TYPE_SECONDS
 from ._paste_peers import SYSTEMS as PASTE_SYSTEMS
 from ._paste_peers import PasteRun, render_paste_peers, run_paste_peers
-from ._servers import Server, running, server_env
+from ._servers import Server, running, server_env, wait_quiet
 from ._systems import TOTAL_CTX, Setup, scenario_server, trace_server
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,9 @@ def run_scenarios(
                 for k in range(len(these)):
                     j = (i + k) % len(these)
                     time.sleep(QUIET_S)  # the one before has stored what it computed
+                    waited = wait_quiet(urls)
+                    if waited > 2:
+                        log.info("waited %.1f s for every server to be idle", waited)
                     _peers.run_steps(urls[j], block, prompts.max_tokens, replies[these[j][0].name])
     for server in servers:
         for label, r in replies[server.name].items():

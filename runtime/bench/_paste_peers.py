@@ -38,7 +38,7 @@ from ._paste import (
     typing_line,
     user_text,
 )
-from ._servers import Server, running, server_env
+from ._servers import Server, running, server_env, wait_quiet
 
 SESSION_HEADER = "X-Warmstart-Session"  # the app's; llama-server ignores it
 SYSTEMS = ("llama-server", "warmstart")
@@ -119,6 +119,7 @@ def run_paste_peers(
             for k in range(len(systems)):
                 j = (i + k) % len(systems)
                 time.sleep(QUIET_S)  # the one before has stored what it computed
+                wait_quiet(urls)
                 name = systems[j][0].name
                 replies[name][label] = case(urls[j], name)
     return replies

@@ -64,8 +64,44 @@ def _tail(path: Path, lines: int = 15) -> str:
     return ""
 
 
+class Served(str):
+    """A running server's base URL, knowing its process group (to tell when it is idle)."""
+
+    pid: int
+
+
+def _group_ticks(pgid: int) -> int:
+    """User and system CPU time so far of every process in the group ``pgid`` (a server
+    and what it started: hearth's llama-server), in clock ticks; 0 without /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def wait_quiet(servers: list[Served], limit_s: float = 180.0, window_s: float = 1.0) -> float:
+    """Waits until no server uses over 5% of a core for ``window_s``, at most ``limit_s``;
+    returns how long it waited. Systems that are up side by side share two cores: one
+    still working after its reply (warmstart settles a reply and stores what it
+    computed, several seconds at the 1B shape) would slow the next one's figures."""
+    t0 = time.monotonic()
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    while time.monotonic() - t0 < limit_s:
+        before = [_group_ticks(s.pid) for s in servers]
+        time.sleep(window_s)
+        used = [_group_ticks(s.pid) - b for s, b in zip(servers, before, strict=True)]
+        if max(used, default=0) <= 0.05 * hz * window_s:
+            break
+    return time.monotonic() - t0
+
+
 @contextlib.contextmanager
-def running(server: Server, home: Path, phase: str, env: dict[str, str]) -> Iterator[str]:
+def running(server: Server, home: Path, phase: str, env: dict[str, str]) -> Iterator[Served]:
     """A started server's base URL; stopped (SIGTERM, then SIGKILL) on the way out."""
     port = free_port()
     logfile = home / f"{phase}.log"
@@ -77,7 +113,8 @@ def running(server: Server, home: Path, phase: str, env: dict[str, str]) -> Iter
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    url = f"http://127.0.0.1:{port}"
+    url = Served(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         _wait_up(url, proc, logfile, limit=600)
         yield url
