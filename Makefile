@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest test-frontends bench-peers gpu-carry gpu-wheel gpu-check gpu-check-cpu
+.PHONY: run test lint pytest test-frontends bench-peers bench-soak gpu-carry gpu-wheel gpu-check gpu-check-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,14 @@ $(FRONTENDS)/%/.installed: tests/frontends/requirements-%.txt tests/frontends/co
 # cores). More options: make bench-peers PEERS_ARGS="--systems llama-server,warmstart"
 bench-peers: $(VENV)/.dev-installed
 	$(BIN)/python -m warmstart.runtime.bench $(PEERS_ARGS)
+
+# A household's server for half an hour (issue 43; runtime/bench/_soak.py): a real
+# `warmstart serve` with two keys, four clients each (chats, tool loops, long documents,
+# old chats), a SIGKILL in the middle and a restart, the disk cache filled to a small
+# budget, a sample of replies checked against --no-cache. Prints the report, writes it
+# to soak-report.json and fails when a criterion does. Quicker: SOAK_ARGS="--minutes 2"
+bench-soak: $(VENV)/.dev-installed
+	$(BIN)/python -m warmstart.runtime.bench soak $(SOAK_ARGS)
 
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
 # network: `make gpu-carry` here (where pip reaches PyPI) gathers what it needs into

@@ -77,6 +77,7 @@ class TieredStore:
             "disk_full": 0,
             "written": 0,
             "dropped": 0,
+            "culled": 0,  # chunks the disk tier's budget evicted (its LRU)
             "disk_unavailable": 0,
             "pressure_events": 0,  # times the pool was shrunk for the system's sake
             "returned_bytes": 0,  # pool pages handed back to the OS, in all
@@ -467,6 +468,7 @@ class TieredStore:
     def _forget_culled(self, culled: set[bytes]) -> None:
         """Chunks whose blob diskcache culled are no longer on disk (lock held); one
         being read finds its blob gone and is dropped then (see read)."""
+        self.counters["culled"] += len(culled)
         for key in culled:
             record = self.ledger.get(key)
             if record is not None and record.on_disk and not record.pins:

@@ -134,6 +134,7 @@ def test_stats_count_what_is_on_disk_after_evictions(tmp_path: Path) -> None:
     assert stats["chunks"] == len(tier.present()) < 40
     assert stats["chunks"] >= len(files)
     assert stats["tokens"] == 2 * stats["chunks"]
+    assert store.stats()["culled"] == 40 - stats["chunks"]  # what the budget evicted
     assert stats["used_bytes"] >= on_disk * 0.5 and stats["used_bytes"] < 4 * on_disk + (1 << 20)
     for key in list(tier.present()):
         tier.delete(key)
