@@ -1,5 +1,6 @@
-"""The benchmarks: `warmstart bench` (in-process, one model) and `make bench-peers`
-(warmstart against llama-server and hearth-llm, side by side, in one run).
+"""The benchmarks: `warmstart bench` (in-process, one model), `make bench-peers`
+(warmstart against llama-server and hearth-llm, side by side, in one run) and `make
+bench-soak` (a household's load on a real server for half an hour, a crash amid it).
 
 Names load on first use: the timed child processes run ``python -m`` on a module of
 this package, which must not be imported before it runs as ``__main__``.

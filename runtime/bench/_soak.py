@@ -317,6 +317,8 @@ def run(soak: Soak, sample_each: int) -> rep.Report:
         watch.close()
     report.exchanges = house.exchanges
     check_sample(soak, house, report, sample_each)
+    for phase in ("first", "restart", "no-cache"):
+        report.log_errors[f"{phase}.log"] = rep.log_errors(soak.home / f"{phase}.log")
     return report
 
 

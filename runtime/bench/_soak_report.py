@@ -38,6 +38,12 @@ class ProcSample:
         return cls(label, round(time.monotonic() - began, 1), pid, rss, fds)
 
 
+def log_errors(path: Path) -> list[str]:
+    """The lines of a server's log that say something failed (a traceback, an error)."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [line for line in text.splitlines() if "Traceback" in line or "ERROR" in line]
+
+
 def folder_bytes(path: Path) -> int:
     """What a folder really occupies (allocated blocks of its files), walked."""
     return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
@@ -95,6 +101,7 @@ class Report:
     durable: list[Durable] = field(default_factory=list)
     checked: list[Checked] = field(default_factory=list)
     exchanges: list[Exchange] = field(default_factory=list)
+    log_errors: dict[str, list[str]] = field(default_factory=dict)  # server log -> lines
 
     kill_mono: float = float("inf")  # the kill's time.monotonic()
 
@@ -127,6 +134,7 @@ class Report:
             f"RSS at the end within {RSS_GROWTH:.0%} of the middle": rss_ok,
             "disk within its budget": self.disk_peak_bytes <= self.disk_budget_bytes,
             "disk filled to its budget (chunks evicted)": self.culled_chunks > 0,
+            "no error in the server logs": not any(self.log_errors.values()),
             "every durable conversation restored": any(d.telling for d in self.durable)
             and all(d.restored for d in self.durable),
         }
@@ -154,6 +162,8 @@ def render(r: Report) -> str:
         f"disk: budget {_mib(r.disk_budget_bytes)}, most seen {_mib(r.disk_peak_bytes)}, "
         f"at the end {_mib(r.disk_end_bytes)}; {r.culled_chunks} chunks evicted by the budget",
     ]
+    for name, errors in r.log_errors.items():
+        lines += [f"{name}: {len(errors)} error lines, the first: {errors[0]}"] if errors else []
     lines += _durable_lines(r) + _checked_lines(r)
     lines.append("criteria:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" for name, ok in r.criteria().items()]
@@ -212,5 +222,6 @@ def to_json(r: Report) -> dict[str, Any]:
         },
         "durable": [{**asdict(d), "restored": d.restored, "telling": d.telling} for d in r.durable],
         "checked": [asdict(c) for c in r.checked],
+        "log_errors": r.log_errors,
         "criteria": r.criteria(),
     }

@@ -53,6 +53,9 @@ def test_each_failure_fails_its_criterion() -> None:
         "every durable conversation restored": lambda r: r.durable.append(
             rep.Durable("bob", 30.0, 300, 256, 0, 200)
         ),
+        "no error in the server logs": lambda r: r.log_errors.update(
+            {"first.log": ["ERROR: a capture failed"]}
+        ),
         "zero wrong replies in the sample": lambda r: r.checked.append(
             rep.Checked("bob", "chat", "first", 40, 38, False, "hi", "ho")
         ),
@@ -111,6 +114,15 @@ def test_tool_calls_compare_by_name_and_arguments_not_ids() -> None:
     one = {"tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}]}
     two = {"tool_calls": [{"id": "b", "function": {"name": "f", "arguments": "{}"}}]}
     assert reply_text(one) == reply_text(two) != reply_text({"content": "{}"})
+
+
+def test_the_logs_errors_are_picked_out(tmp_path: Path) -> None:
+    (tmp_path / "a.log").write_text("INFO: up\nERROR: gone\nTraceback (most recent call last):\n")
+    assert rep.log_errors(tmp_path / "a.log") == [
+        "ERROR: gone",
+        "Traceback (most recent call last):",
+    ]
+    assert rep.log_errors(tmp_path / "none.log") == []
 
 
 def test_the_folder_counts_its_files(tmp_path: Path) -> None:
