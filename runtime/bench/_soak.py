@@ -208,6 +208,7 @@ def _progress(house: Household, watch: Watch) -> None:
 
 
 def kill(house: Household, watch: Watch, proc: subprocess.Popen[bytes], report: rep.Report) -> None:
+    watch.sample()  # the killed process's last counts
     watch.mark("middle (before the kill)")
     house.up.clear()
     report.kill_mono = time.monotonic()

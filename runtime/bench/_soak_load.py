@@ -224,7 +224,7 @@ def _tool_loop(house: Household, client: httpx.Client, user: str, rng: random.Ra
     city = rng.choice(CITIES)
     chat = _new_chat(house, user, tools=True)
     chat.messages.append({"role": "user", "content": f"Will it rain in {city} this week?"})
-    if _turn(house, client, chat, "tool-call", tool_choice="required", max_tokens=48):
+    if _turn(house, client, chat, "tool-call", tool_choice="required", max_tokens=64):
         calls = chat.messages[-1].get("tool_calls") or []
         for call in calls:
             result = {"city": city, "rain_mm": [rng.randrange(12) for _ in range(3)]}
