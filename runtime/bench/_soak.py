@@ -251,10 +251,9 @@ def pick_sample(exchanges: list[Exchange], each: int) -> list[Exchange]:
         for group, n in groups:
             pool = [e for e in exchanges if e.ok and e.user == user and _group(e) == group]
             pool = [e for e in pool if e.cached_tokens > 0] or pool
-            n = min(n, each - taken)
-            step = len(pool) / n if n else 0
-            out += [pool[int(i * step)] for i in range(n) if pool]
-            taken += min(n, len(pool))
+            n = min(n, each - taken, len(pool))
+            out += [pool[i * len(pool) // n] for i in range(n)]
+            taken += n
     return out
 
 
@@ -380,7 +379,8 @@ BUDGET_MB_PER_MINUTE = 40.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     args = parse_args(argv)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stop too
     try:

@@ -97,6 +97,8 @@ def test_the_sample_spreads_over_the_run_and_prefers_restored_replies() -> None:
         assert groups.count("restart") == 3
         assert all(e.cached_tokens > 0 for e in mine)
     assert _soak.pick_sample([], 8) == []
+    few = _soak.pick_sample(exchanges[:6], 8)  # fewer than asked for: each once
+    assert len(few) == len({id(e) for e in few}) == 2  # the one restored reply of each
 
 
 def test_a_chat_goes_on_from_its_last_reply_or_its_tool_results() -> None:
