@@ -143,23 +143,8 @@ class DraftJob(Job):
         if early is not None:
             self._end(early)
             return
-        engine = self.env.engine
-        plan = self._prepare_load()
-        try:
-            sid = self.admitted.session_id
-            claim_cuts = [*self.cuts, len(self.ids) + 1]  # no last batch to recompute
-            scope = self.request.cache_scope  # (another user's live prefix is never one)
-            res, live = engine.claim(self.ids, claim_cuts, sid, True, plan.end, self._kept, scope)
-        except BaseException:
-            self._complete_load(plan)
-            raise
-        displaced, res.displaced = res.displaced, None
-        self.report.restored["live"] = live
-        try:
-            try:
-                have = self._restore(res, live, plan)
-            finally:
-                self._complete_load(plan)
+        claim_cuts = [*self.cuts, len(self.ids) + 1]  # no last batch to recompute
+        with self._claimed(claim_cuts, True) as (res, have, displaced):
             self.report.prompt_tokens = self.plan.prompt_tokens
             self.ready = have
             yield from self._fill(res, have)
@@ -167,8 +152,6 @@ class DraftJob(Job):
                 self._keep(res, [c for c in self.cuts if c <= self.ready])
             self._end(self._state())
             yield from self._rehome(displaced)
-        finally:
-            engine.release(res)
 
     def _prepare_load(self) -> LoadPlan:
         """The stored chunks of the certain part (every batch of it: no last one is

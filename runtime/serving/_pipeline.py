@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -53,6 +54,12 @@ CONTENDED_PIECE_TOKENS = 64
 # threads fill every core and the event loop, woken to send the token, waited 3 to 5 ms
 # for one in half of the live hits measured (client TTFT: median 8.5 ms, 5.2 with it).
 HANDOFF_S = 0.005
+
+# a conversation a claim moved out of its sequence: its tokens, its chunk ends, its
+# session (Job._rehome brings it back in)
+Displaced = tuple[list[int], list[int], str | None] | None
+# what Job._claimed gives: the sequence, the tokens it holds, what it displaced
+Claimed = tuple[Resident, int, Displaced]
 
 
 @dataclass
@@ -124,26 +131,10 @@ class Job:
         self.t0 = time.perf_counter()
 
     def steps(self) -> Generator[None, None, None]:
-        engine = self.env.engine
         # a request without the cache (or a runtime without a store) starts cold: it
         # reuses nothing, not even what is live
         share = self.request.use_cache and self.env.store is not None
-        plan = self._prepare_load()
-        try:
-            sid = self.admitted.session_id
-            res, live = engine.claim(
-                self.ids, self.cuts, sid, share, plan.end, self._kept, self.request.cache_scope
-            )
-        except BaseException:
-            self._complete_load(plan)
-            raise
-        displaced, res.displaced = res.displaced, None
-        self.report.restored["live"] = live
-        try:
-            try:
-                have = self._restore(res, live, plan)
-            finally:
-                self._complete_load(plan)
+        with self._claimed(self.cuts, share) as (res, have, displaced):
             self._explain(have)
             self.to_prefill = len(self.ids) - have
             yield
@@ -165,6 +156,30 @@ class Job:
             yield
             yield from self._after_reply(res)
             yield from self._rehome(displaced)
+
+    @contextmanager
+    def _claimed(self, cuts: Sequence[int], share: bool) -> Iterator[Claimed]:
+        """A sequence claimed for the prompt (``share``: one that holds a prefix of it
+        may be reused), the stored chunks that pay restored into it: the sequence, the
+        tokens it then holds, and the conversation it displaced. The chunks' pins are
+        released once restored (or on failure); the sequence when the block ends."""
+        engine = self.env.engine
+        plan = self._prepare_load()
+        try:
+            sid = self.admitted.session_id
+            scope = self.request.cache_scope  # (another user's live prefix is never one)
+            res, live = engine.claim(self.ids, cuts, sid, share, plan.end, self._kept, scope)
+        except BaseException:
+            self._complete_load(plan)
+            raise
+        displaced, res.displaced = res.displaced, None
+        self.report.restored["live"] = live
+        try:
+            try:
+                have = self._restore(res, live, plan)
+            finally:
+                self._complete_load(plan)
+            yield res, have, displaced
         finally:
             if not share:
                 # nothing of it was stored: left live, it would be reused by the next
@@ -231,7 +246,7 @@ class Job:
         leaf = (yield from self._settle(res)) or leaf
         self._save_session(leaf, len(res.tokens), kept=True)
 
-    def _rehome(self, displaced: tuple[list[int], list[int], str | None] | None) -> Iterator[None]:
+    def _rehome(self, displaced: Displaced) -> Iterator[None]:
         """The conversation this prompt's sequence held before (``Resident.displaced``)
         is loaded from the store's RAM into an empty idle sequence, while no client
         waits, so that a return to it is a live hit again. Nothing is evicted for it,

@@ -10,6 +10,8 @@ import pytest
 from warmstart.runtime.serving._divergence import Previous, explain
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
 
+from tests.serving.conftest import answer
+
 WEATHER = Tool("get_weather", "The weather in a city.", json.dumps({"type": "object"}))
 TIME = Tool("get_time", "The time in a city.", json.dumps({"type": "object"}))
 
@@ -22,15 +24,7 @@ def _ask(rt, messages, session: str | None, tools=()) -> tuple[Message, Done]:  
     request = Request(
         messages=tuple(messages), sampling=Sampling(max_tokens=8), session_id=session, tools=tools
     )
-    parts, done = [], None
-    for event in rt.generate(request):
-        if isinstance(event, Done):
-            done = event
-        else:
-            parts.append(event.text)
-    assert done is not None
-    rt.wait_idle()
-    return done.reply or Message("assistant", "".join(parts)), done
+    return answer(rt, request, wait=True)
 
 
 def test_the_pure_rule_names_the_message_the_offset_and_both_texts() -> None:

@@ -14,6 +14,7 @@ from warmstart.runtime.serving._draft import plan_draft
 from warmstart.runtime.types import Done, Message, Request, Sampling
 
 from tests.conftest import SYSTEM, wait_for
+from tests.serving.conftest import answer
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +28,6 @@ def _typed(question: str, paste: str = PASTE, session: str | None = "s-paste") -
     """The chat as the app sends it: the paste and the question typed so far."""
     messages = (SYSTEM, Message("user", f"{paste}\n\n{question}"))
     return Request(messages=messages, sampling=Sampling(max_tokens=12), session_id=session)
-
-
-def _answer(rt, request: Request) -> tuple[str, Done]:  # type: ignore[no-untyped-def]
-    parts, done = [], None
-    for event in rt.generate(request):
-        if isinstance(event, Done):
-            done = event
-        else:
-            parts.append(event.text)
-    assert done is not None
-    return "".join(parts), done
 
 
 @pytest.mark.parametrize("session", ["s-paste", None], ids=["named", "derived"])
@@ -58,9 +48,8 @@ def test_paste_then_enter_equals_no_cache_and_finds_the_certain_part_live(
     assert last.state == "ready", outcomes
     assert 0 < last.ready == last.certain <= last.prompt_tokens
     assert outcomes[1].cached >= outcomes[0].ready  # each draft goes on from the last
-    text, done = _answer(rt, final)
-    expected, _ = _answer(oracle, final)
-    assert text == expected
+    reply, done = answer(rt, final)
+    assert reply.content == answer(oracle, final)[0].content
     assert done.report.cached_tokens == last.ready, (done.report, last)
     # the edge is that of a cold run's batches: everything up to the question's start
     # at least, less than the whole prompt
@@ -133,8 +122,7 @@ def test_drafts_yield_to_another_clients_request(make_runtime, tmp_path) -> None
             marks["first"] = _draft_tokens(rt, "s-paste")
         parts.append(event.text)
     thread.join()
-    expected, _ = _answer(oracle, other)
-    assert "".join(parts) == expected
+    assert "".join(parts) == answer(oracle, other)[0].content
     # the draft's decode in progress at the request's arrival was stopped (it keeps
     # nothing), so at most the batch it had finished meanwhile is in
     step = rt.tuning.merge_batch_tokens or rt.tuning.chunk_tokens
@@ -152,12 +140,11 @@ def test_a_draft_of_a_conversation_as_it_stands_brings_it_live(make_runtime, tmp
     history live."""
     rt = make_runtime(tmp_path)
     first = _typed("Which station reported the most litres?")
-    reply, _ = _answer(rt, first)
-    rt.wait_idle()
+    reply, _ = answer(rt, first, wait=True)
     rt.evict_live()
-    history = (*first.messages, Message("assistant", reply))
+    history = (*first.messages, reply)
     outcome = rt.prefill_draft(replace(first, messages=history))
     assert outcome.state == "ready" and outcome.ready == outcome.certain > 0
     nxt = replace(first, messages=(*history, Message("user", "And the least?")))
-    _, done = _answer(rt, nxt)
+    _, done = answer(rt, nxt)
     assert done.report.restored["live"] >= outcome.ready - 3, (done.report, outcome)

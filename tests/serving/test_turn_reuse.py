@@ -18,6 +18,7 @@ import pytest
 from warmstart.runtime.types import Done, Message, Request, Sampling, Tool
 
 from tests.conftest import SYSTEM, wait_for
+from tests.serving.conftest import answer
 
 pytestmark = pytest.mark.slow
 
@@ -32,18 +33,8 @@ WEATHER = Tool(
 
 def _reply(rt, request: Request, wait: bool = True) -> tuple[Message, int]:  # type: ignore[no-untyped-def]
     """The reply as the next turn's message, and the prompt tokens that were cached."""
-    parts, done = [], None
-    for event in rt.generate(request):
-        if isinstance(event, Done):
-            done = event
-        else:
-            parts.append(event.text)
-    assert done is not None
-    if wait:
-        rt.wait_idle()
-    report = done.report
-    message = done.reply or Message("assistant", "".join(parts))
-    return message, sum(report.restored.values())
+    message, done = answer(rt, request, wait)
+    return message, sum(done.report.restored.values())
 
 
 def _history_tokens(rt, messages: tuple[Message, ...], request: Request) -> int:  # type: ignore[no-untyped-def]
