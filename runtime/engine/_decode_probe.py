@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import EngineError
 from . import _kvblob
-from ._llama import ContextConfig, LlamaContext, LlamaModel
+from ._llama import DECODE_ABORTED, ContextConfig, LlamaContext, LlamaModel
 
 COUNTS = (2, 4, 8)  # replies per batch the probe checks by default
 STEPS = 64
@@ -71,11 +71,14 @@ def probe_decode(
     counts: Sequence[int] = COUNTS,
     steps: int = STEPS,
     prompt_tokens: int = PROMPT_TOKENS,
+    abort_with: LlamaContext | None = None,
 ) -> tuple[DecodeCheck, ...]:
     """One DecodeCheck per batch size in ``counts``, measured on a context of its own
     (``base``'s threads, attention and KV types; one stream per reply). About
     ``max(counts)`` replies decoded alone and once per count in a batch, ``steps``
-    steps each, after one prefill of ``prompt_tokens`` tokens."""
+    steps each, after one prefill of ``prompt_tokens`` tokens. ``abort_with``: the
+    context whose ``abort_decode`` stops the probe too (within one graph node: an
+    EngineError, nothing of it kept), as it stops that context's own decodes."""
     alone = max(counts)
     cells = -(-(prompt_tokens + steps + 1) // _CELLS_UNIT) * _CELLS_UNIT
     n_seq = alone + sum(counts)
@@ -88,7 +91,7 @@ def probe_decode(
         type_kv=base.type_kv,
         swa_full=base.swa_full,
     )
-    ctx = LlamaContext(model, config)
+    ctx = LlamaContext(model, config, abort_with)
     try:
         return _Lockstep(ctx, model, counts, alone, prompt_tokens).run(steps)
     finally:
@@ -118,8 +121,7 @@ class _Lockstep:
 
     def _fill(self) -> None:
         """The longest prompt once, then copied into every stream and cut to length."""
-        if self.ctx.decode(self.ids[: self.lengths[0]], 0, 0, want_logits=False) != 0:
-            raise EngineError("the probe's prompt does not fit its context")
+        _ran(self.ctx.decode(self.ids[: self.lengths[0]], 0, 0, want_logits=False))
         pairs = [(i, i) for i in range(len(self.lengths))]
         for stream, prompt in [*pairs[1:], *(pair for group in self.groups for pair in group)]:
             self.ctx.seq_cp_all(0, stream)
@@ -146,14 +148,12 @@ class _Lockstep:
         )  # fmt: skip
 
     def _alone(self, stream: int, token: int, pos: int) -> np.ndarray:
-        if self.ctx.decode_each([(stream, token, pos)]) != 0:
-            raise EngineError("the probe's decode found no room")
+        _ran(self.ctx.decode_each([(stream, token, pos)]))
         return self.ctx.logits_at(0)
 
     def _batch(self, group: list[tuple[int, int]], tokens: list[int], t: int) -> list[np.ndarray]:
         steps = [(s, tokens[p], self.lengths[p] + t) for s, p in group]
-        if self.ctx.decode_each(steps) != 0:
-            raise EngineError("the probe's decode found no room")
+        _ran(self.ctx.decode_each(steps))
         return [self.ctx.logits_at(i) for i in range(len(steps))]
 
     def _kv_same(self, group: list[tuple[int, int]], steps: int) -> bool:
@@ -171,6 +171,14 @@ class _Lockstep:
         out = np.empty(layout.chunk_bytes(steps), dtype=np.uint8)
         size = _kvblob.cut(views, layout, start, start + steps, out)
         return out[:size]
+
+
+def _ran(ret: int) -> None:
+    """A probe decode's return code, as an error unless it ran."""
+    if ret == DECODE_ABORTED:  # abort_with's owner has other work: the probe is redone
+        raise EngineError("the decode probe was stopped")
+    if ret != 0:
+        raise EngineError("the probe's decode found no room in its context")
 
 
 def _differ(a: np.ndarray, b: np.ndarray) -> float:

@@ -552,9 +552,10 @@ class LlamaEngine(Residents):
         bits what it gets decoded alone, and the first difference in words. Proven on a
         context of its own (runtime/engine/_decode_probe.py), shorter than the test's
         (about 2 s here): prompts up to 272 tokens (past a 256-cell attention chunk), 4
-        steps (tests/engine/test_decode_probe.py: 64)."""
+        steps (tests/engine/test_decode_probe.py: 64). ``interrupt`` stops it as it stops
+        this engine's own decodes (an EngineError, nothing kept)."""
         checks = _decode_probe.probe_decode(
-            self.model, self.ctx.config, counts, steps=4, prompt_tokens=272
+            self.model, self.ctx.config, counts, steps=4, prompt_tokens=272, abort_with=self.ctx
         )
         return _decode_probe.proven(checks)
 

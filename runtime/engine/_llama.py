@@ -265,7 +265,12 @@ class LlamaContext:
     its attention covers only them, so what one conversation computes never depends on
     what the others hold (see DESIGN.md, "Numerics")."""
 
-    def __init__(self, model: LlamaModel, config: ContextConfig) -> None:
+    def __init__(
+        self, model: LlamaModel, config: ContextConfig, abort_with: LlamaContext | None = None
+    ) -> None:
+        """``abort_with``: another context whose abort flag this one shares, so that
+        ``abort_decode`` on that one stops this one's decodes too (a measurement's own
+        context, stopped as its engine's work is)."""
         self.model = model
         self.config = config
         params = ll.llama_context_default_params()
@@ -289,7 +294,10 @@ class LlamaContext:
             raise EngineError("llama.cpp could not create a context (out of memory?)")
         self.mem = ll.llama_get_memory(self.ptr)
         self.n_ctx = int(ll.llama_n_ctx(self.ptr))
-        self._stop = ctypes.create_string_buffer(2)  # b"\0": go on; b"\1": abort the decode
+        # b"\0": go on; b"\1": abort the decode
+        self._stop: ctypes.Array[ctypes.c_char] = (
+            abort_with._stop if abort_with is not None else ctypes.create_string_buffer(2)
+        )
         if _ABORT_CALLBACK is not None:
             ll.llama_set_abort_callback(self.ptr, _ABORT_CALLBACK, ctypes.addressof(self._stop))
         self._batch = ll.llama_batch_init(config.n_batch, 0, 1)

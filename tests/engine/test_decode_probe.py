@@ -43,6 +43,28 @@ def test_so_do_a_sliding_window_models(gemma_path: Path) -> None:
     assert all(c.same for c in checks), [c.describe() for c in checks]
 
 
+def test_the_probe_stops_when_its_engine_is_interrupted(model_path: Path) -> None:
+    """Its context shares the abort flag of the one it is measured for: a request that
+    interrupts that engine stops the probe too, with nothing of it kept, and the same
+    probe then runs to its end."""
+    from warmstart.runtime.engine._llama import LlamaContext
+    from warmstart.runtime.errors import EngineError
+
+    model = LlamaModel(model_path, n_gpu_layers=0)
+    owner = LlamaContext(model, ContextConfig(n_ctx=256, n_seq_max=1))
+    config = ContextConfig(n_ctx=0, n_seq_max=1)
+    try:
+        owner.abort_decode(True)
+        with pytest.raises(EngineError, match="the decode probe was stopped"):
+            probe_decode(model, config, counts=(2,), steps=1, prompt_tokens=40, abort_with=owner)
+        owner.abort_decode(False)
+        (check,) = probe_decode(model, config, (2,), steps=1, prompt_tokens=40, abort_with=owner)
+        assert check.n_seqs == 2 and check.steps == 1
+    finally:
+        owner.close()
+        model.close()
+
+
 def test_what_proven_keeps() -> None:
     same = [DecodeCheck(n, 4, True, True) for n in (2, 4, 8)]
     assert proven(same) == (8, "")

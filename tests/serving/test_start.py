@@ -118,3 +118,55 @@ def test_a_first_server_answers_before_it_calibrates(
     assert entry["background"] and measured[0] == "time_prefill"
     with _factory.open_runtime(settings, prewarm=False, calibrate_later=True) as rt:
         assert "not measured" not in rt.tuning.reasons["batch_tile"]  # the next start's
+
+
+def test_a_request_during_the_decode_probe_is_answered_before_the_probe_ends(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background calibration's decode probe decodes in a context of its own (a
+    prefill, then up to 8 streams in lockstep: minutes on a loaded 2-core machine).
+    A request that comes meanwhile stops it within one graph node, as it stops the
+    other measurements, and it runs again once the worker is idle: the request is
+    answered first, and the calibration still ends with the probe's verdict. Counted
+    (the order of events), not timed."""
+    import json
+    import threading
+
+    from warmstart.runtime.engine import _decode_probe
+    from warmstart.runtime.errors import EngineError
+    from warmstart.runtime.serving import _factory
+
+    events: list[str] = []
+    real_fill, real_probe = _decode_probe._Lockstep._fill, _decode_probe.probe_decode
+    settings = small_settings(tmp_path / "data", model_path, prewarm_sessions=0)
+    question = chat("Name a colour. One word.", max_tokens=6)
+
+    def answer() -> None:
+        rt.generate(question).text()
+        events.append("request answered")
+
+    def fill(self: _decode_probe._Lockstep) -> None:
+        if "request sent" not in events:  # the first probe has begun: a request comes
+            events.append("request sent")
+            threading.Thread(target=answer, daemon=True).start()
+            assert wait_for(lambda: len(rt.worker.waiting) > 0, 60)
+        real_fill(self)
+
+    def probe(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            out = real_probe(*args, **kwargs)
+        except EngineError:
+            events.append("probe stopped")
+            raise
+        events.append("probe done")
+        return out
+
+    monkeypatch.setattr(_decode_probe._Lockstep, "_fill", fill)
+    monkeypatch.setattr(_decode_probe, "probe_decode", probe)
+    with _factory.open_runtime(settings, prewarm=False, calibrate_later=True) as rt:
+        kept = settings.data_dir / "calibration.json"
+        assert wait_for(kept.exists, 900)
+    assert events[:3] == ["request sent", "probe stopped", "request answered"]
+    assert events[3:] == ["probe done"]  # run again, to its end, once the worker was idle
+    (entry,) = json.loads(kept.read_text())["entries"].values()
+    assert entry["decode_batch"] >= 2 or entry["decode_batch_note"]
