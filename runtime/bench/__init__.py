@@ -13,13 +13,22 @@ from .._lazy import on_first_use as _on_first_use
 if TYPE_CHECKING:
     from ._bench import run_bench
     from ._paste import render_paste, run_paste
+    from ._replies import render_replies, run_replies
 
 __all__ = [
     "render_paste",
+    "render_replies",
     "run_bench",
     "run_paste",
+    "run_replies",
 ]
 
-_WHERE = {"run_bench": "._bench", "run_paste": "._paste", "render_paste": "._paste"}
+_WHERE = {
+    "run_bench": "._bench",
+    "run_paste": "._paste",
+    "render_paste": "._paste",
+    "run_replies": "._replies",
+    "render_replies": "._replies",
+}
 
 __getattr__ = _on_first_use(__name__, _WHERE)

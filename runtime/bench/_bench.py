@@ -73,7 +73,7 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
+def bench_settings(settings: Settings, work: Path, model: Path) -> Settings:
     data = settings.model_dump()
     data.update(data_dir=work / "ours", cache_dir=None, model=str(model), recalibrate=False)
     (work / "ours").mkdir(parents=True)
@@ -92,7 +92,7 @@ def measure(settings: Settings, n_rules: int, n_conv: int) -> dict[str, Any]:
     keep = os.environ.get("WARMSTART_BENCH_DIR")  # keep the work files, to look at them
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
     try:
-        ours_settings = _bench_settings(settings, work, model)
+        ours_settings = bench_settings(settings, work, model)
         system = system_prompt(n_rules)
         with Bar("bench", n_conv + 8) as bar:
             return _measure(settings, ours_settings, system, n_conv, model, work, bar)

@@ -177,6 +177,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_paste(settings_from(args), args.paste, args.type_seconds)
         print(json.dumps(result, indent=2) if args.json else render_paste(result))
         return 0
+    if args.replies:
+        from ..bench import render_replies, run_replies
+
+        tokens = args.reply_tokens or (16 if args.quick else 64)
+        rounds = args.rounds or (1 if args.quick else 3)
+        result = run_replies(settings_from(args), args.replies, tokens, rounds)
+        print(json.dumps(result, indent=2) if args.json else render_replies(result))
+        return 0
 
     return run_bench(
         settings_from(args),

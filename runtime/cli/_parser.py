@@ -142,6 +142,17 @@ def _needs_name(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"keys {args.action}: give the person's name")
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """``--replies``: a comma list of reply counts, each 1 to 64."""
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        counts = ()
+    if not counts or not all(1 <= n <= 64 for n in counts):
+        raise argparse.ArgumentTypeError(f"expected numbers 1 to 64, as 1,2,4,8: {text!r}")
+    return counts
+
+
 def _add_service_commands(commands: _Commands) -> None:
     """The server, what measures its machine (bench, doctor), and the desktop app, a
     client of the server."""
@@ -165,6 +176,27 @@ def _add_service_commands(commands: _Commands) -> None:
         "(default: at 4.5 characters a second, about 16 s)",
     )
     p.add_argument("--conversations", type=int, default=20)
+    p.add_argument(
+        "--replies",
+        type=_counts,
+        metavar="N,N,...",
+        help="decode speed instead, with each of these numbers of replies at once (e.g. "
+        "1,2,4,8): tokens/s together and per reply, batched as the calibration allows "
+        "and one at a time, side by side",
+    )
+    p.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=None,
+        help="with --replies: tokens each reply decodes (default 64; --quick 16)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="with --replies: rounds of each count, alternating which mode goes first; "
+        "the figures are their medians (default 3; --quick 1)",
+    )
     p = commands.add(
         "doctor", cmd_doctor, "print the machine, its measurements and the thresholds chosen"
     )

@@ -163,6 +163,13 @@ class Worker:
             self._cv.notify()
         return fut.result()
 
+    def set_decode_batch(self, replies: int) -> None:
+        """Decodes up to ``replies`` replies together from the next step on (the bench's
+        serial row beside the batched one; never more than the calibration proved
+        outside a benchmark: see ``Tuning.decode_batch``)."""
+        with self._cv:
+            self._decode_batch = max(1, replies)
+
     def stoppable(self, engine: Engine, fn: Callable[[], T]) -> tuple[T | None, bool]:
         """On the worker thread: runs ``fn``, work of another ``engine`` (the background
         calibration's), which a request queued meanwhile (or already) stops within one
