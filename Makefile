@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 QUESTION ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: run test lint pytest test-frontends bench-peers bench-soak gpu-carry gpu-wheel gpu-check gpu-check-cpu
+.PHONY: run test lint pytest test-frontends bench-peers bench-soak bench-builds gpu-carry gpu-wheel gpu-check gpu-check-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,14 @@ bench-peers: $(VENV)/.dev-installed
 # to soak-report.json and fails when a criterion does. Quicker: SOAK_ARGS="--minutes 2"
 bench-soak: $(VENV)/.dev-installed
 	$(BIN)/python -m warmstart.runtime.bench soak $(SOAK_ARGS)
+
+# Two llama.cpp builds side by side (runtime/bench/_ab_builds.py): a cold prefill of
+# 1,500 tokens and 128 tokens decoded one at a time after it, in fresh processes that
+# alternate A B B A ..., medians and ratios. A is this venv's build; B (AB_OTHER) by
+# default the one before exact batched decode (the wheel cache's folder, or a wheel).
+AB_OTHER ?= $(HOME)/.cache/warmstart/llama-wheels/cpu-shorttiles1
+bench-builds: $(VENV)/.dev-installed
+	$(BIN)/python -m warmstart.runtime.bench._ab_builds --other $(AB_OTHER) $(AB_ARGS)
 
 # The GPU check, for a machine with an NVIDIA GPU, nvcc, PyTorch and Python 3.12 and no
 # network: `make gpu-carry` here (where pip reaches PyPI) gathers what it needs into
