@@ -339,19 +339,21 @@ def render(
     plan: _trace.TracePlan,
 ) -> str:
     a = next(iter(scen.values()), {}).get("A cold")
-    head = (
-        f"model {setup.model.name}; system prompt A: {a.prompt_tokens if a else '?'} "
-        f"prompt tokens; llama-server -t {setup.threads} -np 1 -c {TOTAL_CTX} "
-        f"--no-repack -fa {setup.llama_fa}; warmstart calibrated first (warmstart-fresh: "
-        "a fresh data dir's first process)"
-    )
-    out = [head, "", _peers.scenario_table(scen, systems)] if scen else [head]
+    head = f"model {setup.model.name}"
+    out = [head] if not scen else [
+        f"{head}; system prompt A: {a.prompt_tokens if a else '?'} prompt tokens; "
+        f"llama-server -t {setup.threads} -np 1 -c {TOTAL_CTX} --no-repack -fa "
+        f"{setup.llama_fa}; warmstart calibrated first (warmstart-fresh: a fresh data "
+        "dir's first process)",
+        "",
+        _peers.scenario_table(scen, systems),
+    ]  # fmt: skip
     if trace:
-        per = TOTAL_CTX // plan.clients
         out += [
             "",
-            f"the trace: llama-server -np {plan.clients} -c {TOTAL_CTX}; warmstart "
-            f"--resident-sequences {plan.clients} --n-ctx {per}, calibrated first",
+            f"the trace: llama-server -t {setup.threads} -np {plan.clients} -c {TOTAL_CTX} "
+            f"--no-repack -fa {setup.llama_fa}; warmstart --resident-sequences "
+            f"{plan.clients} --n-ctx {TOTAL_CTX // plan.clients}, calibrated first",
             "",
             _trace.trace_table(trace, plan),
         ]

@@ -130,6 +130,15 @@ def test_the_trace_takes_n_clients_in_the_same_total_context(tmp_path: Path) -> 
     assert bench_peers.parse_args([]).clients == 4
 
 
+def test_a_trace_only_report_names_the_trace_servers_settings(tmp_path: Path) -> None:
+    plan = TracePlan.make(True, clients=8)
+    setup = Setup(tmp_path / "m.gguf", 2, [], None, None)
+    trace = {"warmstart": TraceResult([0.1] * 32, [30.0] * 32, 256, 4.0)}
+    text = bench_peers.render({}, trace, ["warmstart"], setup, plan)
+    assert text.splitlines()[0] == "model m.gguf"  # no scenario: nothing of it named
+    assert "llama-server -t 2 -np 8 -c 8192" in text and "--n-ctx 1024" in text
+
+
 @pytest.mark.parametrize("clients", ["0", "64"])
 def test_a_trace_of_no_clients_or_too_many_is_a_usage_error(
     clients: str, capsys: pytest.CaptureFixture[str]
