@@ -24,9 +24,19 @@ from __future__ import annotations
 # row by the lone row's kernel (vec_dot, or the repacked gemv); a one-token query row
 # attends in fixed chunks of 256 cells reduced in order, whatever the threads or the
 # other streams.
+# 3. A sequence's state for a range of positions (llama_state_seq_get_data_range). A
+# capture keeps the chunks a turn added, but upstream exports a sequence's state only
+# whole, and with one KV stream per conversation (kv_unified=false) the spare-sequence
+# trick (seq_cp of a range, then export the spare) aborts: a partial seq_cp across
+# streams is unsupported. So a capture read the whole conversation to cut its new
+# chunks, and its cost grew with the conversation (about 90 ms for 2,000 tokens of a
+# 1B model). Built here, the export takes [p0, p1) and writes only the cells whose
+# position is in it, in the same format and cell order: the same bytes as those cells
+# of a whole export (tests/engine/test_range_capture.py). KV caches only; a recurrent
+# state ignores the range and is exported whole.
 # The tag goes into the version (0.3.36+warmstart.<tag>), so into the fingerprint every
 # stored KV carries, and into the wheel cache's key.
-PATCH_TAG = "exactdecode1"
+PATCH_TAG = "rangeexport1"
 _OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
 _CPU = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c"
 _REPACK = "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
@@ -229,4 +239,82 @@ _ROWWISE: tuple[tuple[str, str, str], ...] = (
      "        const ggml_compute_params * params,\n"
      "        ggml_tensor * dst) {\n"),
 )  # fmt: skip
-SOURCE_PATCHES = _SHORT_TILES + _ROWWISE
+_CONTEXT = "vendor/llama.cpp/src/llama-context.cpp"
+_RANGE_EXPORT: tuple[tuple[str, str, str], ...] = (
+    ("vendor/llama.cpp/include/llama.h",
+     "    LLAMA_API size_t llama_state_seq_get_data_ext(\n"
+     "            struct llama_context * ctx,\n"
+     "                         uint8_t * dst,\n"
+     "                          size_t   size,\n"
+     "                    llama_seq_id   seq_id,\n"
+     "           llama_state_seq_flags   flags);\n",
+     "    LLAMA_API size_t llama_state_seq_get_data_ext(\n"
+     "            struct llama_context * ctx,\n"
+     "                         uint8_t * dst,\n"
+     "                          size_t   size,\n"
+     "                    llama_seq_id   seq_id,\n"
+     "           llama_state_seq_flags   flags);\n"
+     "\n"
+     "    // warmstart: as llama_state_seq_get_data, with only the cells of seq_id at positions\n"
+     "    // [p0, p1) (p1 < 0: to the end), so that a capture reads only the new cells\n"
+     "    LLAMA_API size_t llama_state_seq_get_data_range(\n"
+     "            struct llama_context * ctx,\n"
+     "                         uint8_t * dst,\n"
+     "                          size_t   size,\n"
+     "                    llama_seq_id   seq_id,\n"
+     "                       llama_pos   p0,\n"
+     "                       llama_pos   p1);\n"),
+    ("vendor/llama.cpp/src/llama-io.h",
+     "    void write_string(const std::string & str);\n};\n",
+     "    void write_string(const std::string & str);\n"
+     "\n"
+     "    // warmstart: a sequence's state holds its cells at positions [range_p0, range_p1)\n"
+     "    // only (range_p1 < 0: to the end)\n"
+     "    int32_t range_p0 = 0;\n"
+     "    int32_t range_p1 = -1;\n"
+     "};\n"),
+    ("vendor/llama.cpp/src/llama-context.h",
+     "    size_t state_seq_get_data(llama_seq_id seq_id,       uint8_t * dst, size_t size, "
+     "llama_state_seq_flags flags);\n",
+     "    size_t state_seq_get_data(llama_seq_id seq_id,       uint8_t * dst, size_t size, "
+     "llama_state_seq_flags flags,\n"
+     "                              llama_pos p0 = 0, llama_pos p1 = -1); "
+     "// warmstart: [p0, p1)\n"),
+    (_CONTEXT,
+     "size_t llama_context::state_seq_get_data(llama_seq_id seq_id, uint8_t * dst, size_t size, "
+     "llama_state_seq_flags flags) {\n"
+     "    std::unique_ptr<llama_io_write_i> io;\n"
+     "    if (flags & LLAMA_STATE_SEQ_FLAGS_ON_DEVICE) {\n"
+     "        io = std::make_unique<llama_io_write_device>(dst, size, mem_storage[seq_id]);\n"
+     "    } else {\n"
+     "        io = std::make_unique<llama_io_write_host>(dst, size);\n"
+     "    }\n",
+     "size_t llama_context::state_seq_get_data(llama_seq_id seq_id, uint8_t * dst, size_t size, "
+     "llama_state_seq_flags flags, llama_pos p0, llama_pos p1) {\n"
+     "    std::unique_ptr<llama_io_write_i> io;\n"
+     "    if (flags & LLAMA_STATE_SEQ_FLAGS_ON_DEVICE) {\n"
+     "        io = std::make_unique<llama_io_write_device>(dst, size, mem_storage[seq_id]);\n"
+     "    } else {\n"
+     "        io = std::make_unique<llama_io_write_host>(dst, size);\n"
+     "    }\n"
+     "    io->range_p0 = p0;\n"
+     "    io->range_p1 = p1;\n"),
+    (_CONTEXT,
+     "    return ctx->state_seq_get_data(seq_id, dst, size, flags);\n}\n",
+     "    return ctx->state_seq_get_data(seq_id, dst, size, flags);\n}\n"
+     "\n"
+     "size_t llama_state_seq_get_data_range(llama_context * ctx, uint8_t * dst, size_t size, "
+     "llama_seq_id seq_id, llama_pos p0, llama_pos p1) {\n"
+     "    ctx->synchronize();\n"
+     "\n"
+     "    return ctx->state_seq_get_data(seq_id, dst, size, 0, p0, p1);\n"
+     "}\n"),
+    ("vendor/llama.cpp/src/llama-kv-cache.cpp",
+     "            add_cell = add_cell && (seq_id == -1 || cells.seq_has(i, seq_id));\n",
+     "            add_cell = add_cell && (seq_id == -1 || cells.seq_has(i, seq_id));\n"
+     "\n"
+     "            // warmstart: only the positions asked for (a capture of the new chunks)\n"
+     "            add_cell = add_cell && cells.pos_get(i) >= io.range_p0 &&\n"
+     "                (io.range_p1 < 0 || cells.pos_get(i) < io.range_p1);\n"),
+)  # fmt: skip
+SOURCE_PATCHES = _SHORT_TILES + _ROWWISE + _RANGE_EXPORT

@@ -2,7 +2,7 @@
 
 Owned by one thread (the runtime's worker). Offers what the request pipeline needs:
 prompt tokens, claiming a sequence with its reusable live prefix, batch prefill and
-one-token steps, chunk capture by cutting a snapshot of the conversation's state,
+one-token steps, chunk capture by cutting a snapshot of the new chunks' cells,
 restore by assembling chunks, sampling, and the calibration probes.
 """
 
@@ -410,10 +410,21 @@ class LlamaEngine(Residents):
         return Sampler(sampling, self.model)
 
     # chunk copies ---------------------------------------------------------------------
-    def snapshot(self, seq: int) -> list[Any]:
-        """Reads ``seq``'s whole KV state once and parses it; returns [layout, *views]
-        (views are slices of a buffer reused by the next snapshot or restore)."""
-        n = self.ctx.state_get_into(seq, self._room(self.ctx.state_size(seq)))
+    def snapshot(self, seq: int, c0: int = 0, c1: int = -1) -> list[Any]:
+        """Reads ``seq``'s KV state once and parses it: the cells of positions [c0, c1)
+        where llama.cpp exports a range (warmstart's build; c1 -1: the whole sequence),
+        so a capture costs its new cells, not the conversation; else the whole state,
+        from which ``cut`` takes the same bytes. Returns [layout, *views] (views are
+        slices of a buffer reused by the next snapshot or restore)."""
+        n = 0
+        if 0 <= c0 < c1:
+            # a range's blob is at most that of its cells assembled (an SWA cache
+            # writes only those inside its window); a bigger one (not one stream per
+            # conversation) does not fit, and the whole state is read instead
+            room = self._room(_kvblob.assembled_bytes(self.layout, c1 - c0))
+            n = self.ctx.state_range_into(seq, c0, c1, room)
+        if n == 0:
+            n = self.ctx.state_get_into(seq, self._room(self.ctx.state_size(seq)))
         layout, views = _kvblob.parse(self._blob[:n], self.model.n_layer, self._n_caches())
         return [layout, *views]
 

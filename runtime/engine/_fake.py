@@ -336,8 +336,8 @@ class FakeEngine(Residents):
         return FakeSampler()
 
     # chunk copies ---------------------------------------------------------------------------
-    def snapshot(self, seq: int) -> list[Any]:
-        return [None, list(self.ctx.cells[seq])]
+    def snapshot(self, seq: int, c0: int = 0, c1: int = -1) -> list[Any]:
+        return [None, list(self.ctx.cells[seq])]  # the whole sequence: cut indexes it
 
     def cut(self, snapshot: list[Any], c0: int, c1: int, out: np.ndarray) -> int:
         n = (c1 - c0) * CELL_BYTES

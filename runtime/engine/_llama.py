@@ -246,6 +246,28 @@ def on_own_thread(fn: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
+def _range_export() -> Any:
+    """warmstart's build exports a sequence's state for a range of positions
+    (``llama_state_seq_get_data_range``, installers/llama_patches.py), which no
+    llama-cpp-python binds; None with a llama.cpp without it, where a capture reads
+    the whole sequence."""
+    fn = getattr(ll._lib, "llama_state_seq_get_data_range", None)
+    if fn is not None:
+        fn.argtypes = [
+            ll.llama_context_p_ctypes,
+            ctypes.POINTER(ctypes.c_uint8),
+            ctypes.c_size_t,
+            ll.llama_seq_id,
+            ll.llama_pos,
+            ll.llama_pos,
+        ]
+        fn.restype = ctypes.c_size_t
+    return fn
+
+
+_GET_RANGE = _range_export()
+
+
 @dataclass(frozen=True)
 class ContextConfig:
     n_ctx: int  # KV cells of every stream together: n_seq_max streams of n_ctx / n_seq_max
@@ -302,6 +324,8 @@ class LlamaContext:
             ll.llama_set_abort_callback(self.ptr, _ABORT_CALLBACK, ctypes.addressof(self._stop))
         self._batch = ll.llama_batch_init(config.n_batch, 0, 1)
         self.n_vocab = model.n_vocab
+        self.exports_ranges = _GET_RANGE is not None
+        self.state_bytes_read = 0  # by every state export, whole or of a range
 
     def set_threads(self, decode: int | None) -> None:
         """Decode threads from now on (None: as configured); prefill threads unchanged."""
@@ -407,6 +431,18 @@ class LlamaContext:
         n = int(ll.llama_state_seq_get_data(self.ptr, ptr, out.nbytes, seq))
         if n == 0:
             raise EngineError(f"llama_state_seq_get_data failed for sequence {seq}")
+        self.state_bytes_read += n
+        return n
+
+    def state_range_into(self, seq: int, p0: int, p1: int, out: np.ndarray) -> int:
+        """Copies ``seq``'s KV at positions [p0, p1) into ``out``, in the format of a
+        whole export holding only those cells; returns bytes written, 0 when this
+        llama.cpp cannot (no range export, or ``out`` too small)."""
+        if _GET_RANGE is None:
+            return 0
+        ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = int(_GET_RANGE(self.ptr, ptr, out.nbytes, seq, p0, p1))
+        self.state_bytes_read += n
         return n
 
     def state_set(self, seq: int, blob: np.ndarray | bytes | memoryview) -> bool:

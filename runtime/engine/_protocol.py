@@ -21,9 +21,10 @@ The contract, as the pipeline relies on it:
 - ``ctx.logits()`` are the last decode's next-token logits, whichever resident
   decoded; ``keep_logits`` keeps them with the resident for the same prompt again.
 - ``snapshot`` + ``cut`` write the KV of positions [c0, c1) into ``blob_bytes(c1 -
-  c0)`` bytes; ``restore`` loads such chunks back (False when it refuses them, the
-  resident then empty). The bytes are opaque to everyone but the engine; the store
-  keys them with ``fingerprint``.
+  c0)`` bytes (a snapshot of [c0, c1) holds at least those cells; where the engine
+  can, no others, so a capture costs its new chunks); ``restore`` loads such chunks
+  back (False when it refuses them, the resident then empty). The bytes are opaque
+  to everyone but the engine; the store keys them with ``fingerprint``.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class Engine(Protocol):
     def sampler(self, sampling: Sampling) -> TokenSampler: ...
 
     # chunk copies (the worker)
-    def snapshot(self, seq: int) -> list[Any]: ...
+    def snapshot(self, seq: int, c0: int = 0, c1: int = -1) -> list[Any]: ...
 
     def cut(self, snapshot: list[Any], c0: int, c1: int, out: np.ndarray) -> int: ...
 

@@ -111,6 +111,17 @@ class StorePlan:
     keys: Sequence[bytes]
     saves: list[Save]
 
+    def runs(self) -> list[list[Save]]:
+        """The saves in runs of adjacent chunks: a capture reads each run's cells out
+        of the context at once."""
+        runs: list[list[Save]] = []
+        for save in self.saves:
+            if runs and runs[-1][-1].end == save.start:
+                runs[-1].append(save)
+            else:
+                runs.append([save])
+        return runs
+
     def leaf(self) -> bytes | None:
         """The key of the longest prefix kept: up to the first save not written."""
         failed = next((s.end for s in self.saves if s.nbytes is None), None)

@@ -476,17 +476,18 @@ class Job:
         plan = store.prepare_store(
             res.tokens, ends, engine.blob_bytes, scope=self.request.cache_scope
         )
-        snapshot = None
-        for save in plan.saves:
-            try:
-                snapshot = snapshot or engine.snapshot(res.seq)
-                save.nbytes = engine.cut(snapshot, save.start, save.end, save.buffer)
-            except Exception as exc:
-                log.warning(
-                    "capture of [%d, %d) failed (%s); it will be recomputed",
-                    *(save.start, save.end, exc),
-                )
-                break
+        for run in plan.runs():  # only the new chunks' cells are read (Engine.snapshot)
+            snapshot = None
+            for save in run:
+                try:
+                    snapshot = snapshot or engine.snapshot(res.seq, run[0].start, run[-1].end)
+                    save.nbytes = engine.cut(snapshot, save.start, save.end, save.buffer)
+                except Exception as exc:
+                    log.warning(
+                        "capture of [%d, %d) failed (%s); it will be recomputed",
+                        *(save.start, save.end, exc),
+                    )
+                    return store.complete_store(plan)
         return store.complete_store(plan)
 
     def _settle(self, res: Resident) -> Generator[None, None, bytes | None]:

@@ -205,6 +205,22 @@ def test_a_store_plan_keeps_the_prefix_up_to_the_first_failed_cut(tmp_path: Path
     store.close()
 
 
+def test_a_store_plans_saves_come_in_runs_of_adjacent_chunks(tmp_path: Path) -> None:
+    """A capture reads each run's cells from the context at once (Engine.snapshot), so
+    a chunk the store has already (here the second) is neither read nor saved."""
+    store = make(tmp_path, slots=8)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    first = store.prepare_store(tokens, [2, 4], lambda n: 3000 * n)
+    assert [[(s.start, s.end) for s in run] for run in first.runs()] == [[(0, 2), (2, 4)]]
+    store.complete_store(first, ok=False)
+    put(store, first.keys[0], 2, [3, 4], blob(1))
+    plan = store.prepare_store(tokens, [2, 4, 6, 8], lambda n: 3000 * n)
+    runs = [[(s.start, s.end) for s in run] for run in plan.runs()]
+    assert runs == [[(0, 2)], [(4, 6), (6, 8)]]
+    store.complete_store(plan, ok=False)
+    store.close()
+
+
 def test_a_write_waits_while_a_request_is_computed(tmp_path: Path) -> None:
     """Compressing a chunk beside the engine's threads would slow their steps: a write
     waits while the engine is busy with a request (at most HOLD_S), then goes."""
