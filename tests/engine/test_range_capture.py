@@ -52,7 +52,8 @@ def engine(
 @pytest.fixture
 def prefilled(engine: LlamaEngine) -> Iterator[int]:
     """A resident holding 230 tokens, prefilled in BATCHES; its sequence id."""
-    ids = engine.model.tokenize(TEXT * 6, add_special=True)[: BATCHES[-1]]
+    ids = engine.model.tokenize(TEXT * 20, add_special=True)[: BATCHES[-1]]
+    assert len(ids) == BATCHES[-1]
     bounds = list(BATCHES[1:])
     res, _ = engine.claim(ids, bounds, "range", share=True)
     try:

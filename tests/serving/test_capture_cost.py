@@ -20,6 +20,8 @@ from warmstart.runtime.engine import _kvblob
 from warmstart.runtime.models import synthetic_model
 from warmstart.runtime.types import Done, Message, Request, Sampling
 
+from tests.conftest import small_settings
+
 pytestmark = pytest.mark.slow
 
 PAGE = "The stored chunks of a conversation are never read again by a capture. "
@@ -70,11 +72,19 @@ def _second_turn(rt: Any, history: int) -> tuple[int, list[tuple[int, int]], int
     return engine.ctx.state_bytes_read - before, spans, start
 
 
-def test_a_capture_reads_the_new_chunks_whatever_the_history(
-    make_runtime: Any, tmp_path: Path
-) -> None:
+def test_a_capture_reads_the_new_chunks_whatever_the_history(tmp_path: Path) -> None:
+    from warmstart.runtime.serving._factory import build_runtime
+
     model = synthetic_model("tiny", tmp_path)
-    rt = make_runtime(tmp_path / "data", model=str(model), n_ctx=4096, chunk_tokens=64)
+    settings = small_settings(tmp_path / "data", model, n_ctx=4096, chunk_tokens=64)
+    rt = build_runtime(settings)
+    try:
+        _compare(rt)
+    finally:
+        rt.close()
+
+
+def _compare(rt: Any) -> None:
     layout = rt.engine.layout
     assert rt.engine.ctx.exports_ranges
     cells = {}
