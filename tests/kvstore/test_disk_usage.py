@@ -3,6 +3,7 @@ stats scrape reads equal the bytes on disk, and reading them lists nothing."""
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,11 @@ def walked(directory: Path) -> int:
     return total
 
 
-def fill(store: TieredStore, n: int, size: int = 40 << 10) -> list[bytes]:
-    """``n`` chained chunks of incompressible bytes (files, not SQLite values)."""
+def fill(
+    store: TieredStore, n: int, size: int = 40 << 10, each: Callable[[], None] = lambda: None
+) -> list[bytes]:
+    """``n`` chained chunks of incompressible bytes (files, not SQLite values); ``each``
+    is called after each one is written."""
     keys, parent = [], store.root
     for i in range(n):
         data = np.frombuffer(random.Random(i).randbytes(size), dtype=np.uint8)
@@ -36,6 +40,7 @@ def fill(store: TieredStore, n: int, size: int = 40 << 10) -> list[bytes]:
         key = store.complete_store(plan)
         assert key is not None
         store.flush()
+        each()
         keys.append(key)
         parent = key
     return keys
