@@ -10,6 +10,8 @@ import pytest
 from warmstart.runtime.bench import _ab_builds as ab
 from warmstart.runtime.errors import PeerError
 
+from installers.llama_patches import PATCH_TAG
+
 SHORTTILES = Path.home() / ".cache" / "warmstart" / "llama-wheels" / "cpu-shorttiles1"
 
 
@@ -53,5 +55,5 @@ def test_one_tiny_round_runs_on_both_builds(
     argv = ["--other", str(SHORTTILES), "--model", str(model_path), "--context", "64"]
     assert ab.main([*argv, "--decode", "4", "--rounds", "1"]) == 0
     out = capsys.readouterr()
-    assert "shorttiles1" in out.out and "exactdecode1" in out.out, out.err[-2000:]
+    assert "shorttiles1" in out.out and PATCH_TAG in out.out, out.err[-2000:]
     assert "cold prefill of 64 tokens" in out.out and sys.executable
