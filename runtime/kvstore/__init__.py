@@ -2,6 +2,7 @@
 zstd-compressed disk tier) and a transfer worker moves the bytes (docs/architecture.md)."""
 
 from ._disk import DiskTier, directory_problem, drop_chunks, reset_directory
+from ._figures import StoreStats
 from ._index import read_index, unshared
 from ._keys import (
     TAIL_TOKENS,
@@ -22,6 +23,7 @@ __all__ = [
     "LoadPlan",
     "MemoryWatcher",
     "RamPool",
+    "StoreStats",
     "TieredStore",
     "aligned_cuts",
     "batch_cuts",

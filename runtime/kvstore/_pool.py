@@ -17,9 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CacheError
-from ._index import IndexRow
-
 log = logging.getLogger(__name__)
 
 SLOT_ALIGN = 4096
@@ -145,31 +142,6 @@ class RamPool:
         self._dirty.clear()
         self.returned_bytes += freed
         return freed
-
-    # the Tier protocol (_tier.py): the store reserves slots and the engine cuts into
-    # them directly; these copy, for a chunk that arrives as bytes
-    def put(self, row: IndexRow, payload: bytes | memoryview) -> int | None:
-        """Copies a chunk into a free slot; returns the slot, None when none is free or
-        the chunk is bigger than a slot."""
-        data = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
-        slot = self.alloc() if data.nbytes <= self.slot_bytes else None
-        if slot is not None:
-            self.view(slot, data.nbytes)[:] = data
-            self.set_length(slot, data.nbytes)
-        return slot
-
-    def read_into(self, slot: int, out: np.ndarray) -> int | None:
-        """Copies the slot's chunk into ``out``; None when the slot holds none."""
-        n = self._lengths.get(slot)
-        if not n:
-            return None
-        if n > out.nbytes:
-            raise CacheError(f"a chunk of {n} bytes does not fit {out.nbytes}")
-        out[:n] = self.view(slot, n)
-        return n
-
-    def delete(self, slot: int) -> None:
-        self.release(slot)
 
     def view(self, slot: int, length: int | None = None) -> np.ndarray:
         """The slot's memory (the first ``length`` bytes, default the whole slot)."""

@@ -20,12 +20,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from ..errors import CacheError, DiskFull, DiskUnavailable
 from ._disk import DiskTier, DiskUsage
+from ._figures import DiskFigures, RamFigures, StoreStats
 from ._index import unshared
 from ._keys import chunk_key, chunk_spans, root_key, scoped_root
 from ._ledger import Ledger, Record
@@ -481,7 +481,7 @@ class TieredStore:
         for so far is done; False when ``timeout`` ran out first."""
         return self.transfers.flush(timeout)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreStats:
         """Counts from what is really there: the disk figures are the disk tier's own
         counts, kept as it writes, culls and deletes (no listing, no walk here)."""
         disk = self.disk.usage if self.disk is not None else DiskUsage()
@@ -489,31 +489,22 @@ class TieredStore:
         with self._lock:
             records = list(self.ledger.records.values())
             ram = [r for r in records if r.slot is not None]
-            out: dict[str, Any] = {
-                "chunks": len(records),
-                "ram": {
-                    "chunks": len(ram),
-                    "tokens": sum(len(r.tokens) for r in ram),
-                    "used_bytes": sum(r.nbytes for r in ram),
-                    "capacity_bytes": pool.capacity_bytes if pool else 0,
-                    "limit_bytes": pool.limit_bytes if pool else 0,
-                    "resident_bytes": pool.resident_bytes if pool else 0,
-                    "returnable": pool.returnable if pool else False,
-                    "slots": pool.n_slots if pool else 0,
-                    "memory": pool.memory_kind if pool else "none",
-                },
-                "disk": {
-                    "chunks": disk.chunks,
-                    "tokens": disk.tokens,
-                    "kv_bytes": disk.kv_bytes,
-                    "used_bytes": disk.used_bytes,
-                    "degraded": self.disk_degraded,
-                    "degraded_reason": self.degraded_reason,
-                },
-                "pending_writes": self.transfers.pending(),
-            }
-            out.update(self.counters)
-            return out
+            pool_figures = RamFigures(
+                *(len(ram), sum(len(r.tokens) for r in ram), sum(r.nbytes for r in ram)),
+                capacity_bytes=pool.capacity_bytes if pool else 0,
+                limit_bytes=pool.limit_bytes if pool else 0,
+                resident_bytes=pool.resident_bytes if pool else 0,
+                returnable=pool.returnable if pool else False,
+                slots=pool.n_slots if pool else 0,
+                memory=pool.memory_kind if pool else "none",
+            )
+            disk_figures = DiskFigures(
+                *(disk.chunks, disk.tokens, disk.kv_bytes, disk.used_bytes),
+                degraded=self.disk_degraded,
+                degraded_reason=self.degraded_reason,
+            )
+            pending = self.transfers.pending()
+            return StoreStats(len(records), pool_figures, disk_figures, pending, **self.counters)
 
     def clear(self) -> None:
         self.flush()

@@ -30,9 +30,9 @@ import numpy as np
 from ..errors import CacheError, DiskUnavailable
 from ._index import IndexRow
 from ._plans import LoadPlan
-from ._tier import Tier
 
 if TYPE_CHECKING:
+    from ._disk import DiskTier
     from ._ledger import Record
     from ._store import TieredStore
 
@@ -75,7 +75,7 @@ class Transfers:
         read = self._store.begin_read(record, staging)
         if read is None or read.ready is not None:
             return None if read is None else read.ready
-        disk: Tier[bytes] | None = self._store.disk
+        disk: DiskTier | None = self._store.disk
         corrupt, n = False, None
         if disk is not None and read.buffer is not None:
             try:
@@ -194,7 +194,7 @@ class Transfers:
                 self._queue.task_done()
 
     def _write_one(self, record: Record, payload: np.ndarray) -> None:
-        disk: Tier[bytes] | None = self._store.disk
+        disk: DiskTier | None = self._store.disk
         assert disk is not None
         problem: CacheError | None = None
         try:

@@ -28,7 +28,15 @@ from ..engine import (
     LoaderChoice,
 )
 from ..errors import Busy, DiskUnavailable, EngineError, RequestError
-from ..kvstore import DiskTier, MemoryWatcher, RamPool, TieredStore, common_prefix, reset_directory
+from ..kvstore import (
+    DiskTier,
+    MemoryWatcher,
+    RamPool,
+    StoreStats,
+    TieredStore,
+    common_prefix,
+    reset_directory,
+)
 from ..policy import Rates, Tuning
 from ..settings import Settings
 from ..types import (
@@ -431,7 +439,7 @@ class LocalRuntime:
             cached_tokens=sum(c.get(f"tokens_{t}", 0) for t in TIERS),
             hits={t: c.get(f"hits_{t}", 0) for t in TIERS},
             misses=c.get("hits_miss", 0),
-            evictions=(store or {}).get("evictions", 0) + view.evictions,
+            evictions=(store.evictions if store else 0) + view.evictions,
             live=self._live_stats(view),
             ram=RamStats.of_store(store),
             disk=DiskStats.of_store(store, self.tuning.disk_budget_bytes),
@@ -450,7 +458,7 @@ class LocalRuntime:
             *(live, live * kvb, self.engine.n_ctx * n * kvb), sequences=n, resident=view.resident
         )
 
-    def _memory_stats(self, store: dict[str, Any] | None) -> MemoryStats | None:
+    def _memory_stats(self, store: StoreStats | None) -> MemoryStats | None:
         if store is None:
             return None
         watcher = self.watcher
@@ -459,8 +467,8 @@ class LocalRuntime:
             available_bytes=watcher.available if watcher else None,
             watching=watcher is not None,
             under_pressure=bool(watcher and watcher.under_pressure),
-            pressure_events=store["pressure_events"],
-            returned_bytes=store["returned_bytes"],
+            pressure_events=store.pressure_events,
+            returned_bytes=store.returned_bytes,
         )
 
     def embed(self, texts: Sequence[str], stop: threading.Event | None = None) -> Embeddings:

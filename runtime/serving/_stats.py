@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from ..kvstore import StoreStats
 from ..types import TIERS
 
 _T = TypeVar("_T")
@@ -66,16 +67,16 @@ class RamStats(TierStats):
     memory: str | None = None  # the pool's memory: "pinned (CUDA)" or "plain"; "none"
 
     @classmethod
-    def of_store(cls, store: Mapping[str, Any] | None) -> RamStats:
-        """From the tiered store's own figures (kvstore/_store.py), None: no store."""
+    def of_store(cls, store: StoreStats | None) -> RamStats:
+        """From the tiered store's own figures (kvstore/_figures.py), None: no store."""
         if store is None:
             return cls()
-        ram = store["ram"]
+        ram = store.ram
         return cls(
-            *(ram["tokens"], ram["used_bytes"], ram["capacity_bytes"]),
-            limit_bytes=ram["limit_bytes"],
-            resident_bytes=ram["resident_bytes"],
-            memory=ram["memory"],
+            *(ram.tokens, ram.used_bytes, ram.capacity_bytes),
+            limit_bytes=ram.limit_bytes,
+            resident_bytes=ram.resident_bytes,
+            memory=ram.memory,
         )
 
 
@@ -89,16 +90,16 @@ class DiskStats(TierStats):
     degraded_reason: str | None = None
 
     @classmethod
-    def of_store(cls, store: Mapping[str, Any] | None, budget_bytes: int) -> DiskStats:
+    def of_store(cls, store: StoreStats | None, budget_bytes: int) -> DiskStats:
         if store is None:
             return cls(capacity_bytes=budget_bytes)
-        disk = store["disk"]
+        disk = store.disk
         return cls(
-            *(disk["tokens"], disk["used_bytes"], budget_bytes),
-            chunks=disk["chunks"],
-            kv_bytes=disk["kv_bytes"],
-            degraded=disk["degraded"],
-            degraded_reason=disk["degraded_reason"],
+            *(disk.tokens, disk.used_bytes, budget_bytes),
+            chunks=disk.chunks,
+            kv_bytes=disk.kv_bytes,
+            degraded=disk.degraded,
+            degraded_reason=disk.degraded_reason,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -149,14 +150,14 @@ class Stats:
     batched_steps: int = 0
     batched_tokens: int = 0
     memory: MemoryStats | None = None
-    store: Mapping[str, Any] | None = None  # the store's own figures, as it gives them
+    store: StoreStats | None = None  # the store's own figures, as it gives them
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model}
         if self.memory is not None:
             out["memory"] = self.memory.to_json()
         if self.store is not None:
-            out["store"] = dict(self.store)
+            out["store"] = self.store.to_json()
         out.update(
             requests=self.requests,
             prompt_tokens=self.prompt_tokens,
@@ -186,6 +187,8 @@ class Stats:
             body["queue"] = _read(QueueStats, body["queue"])
         if body.get("memory") is not None:
             body["memory"] = _read(MemoryStats, body["memory"])
+        if body.get("store") is not None:
+            body["store"] = StoreStats.from_json(body["store"])
         for name, kind in (("live", LiveStats), ("ram", RamStats), ("disk", DiskStats)):
             if name in tiers:
                 body[name] = _read(kind, tiers[name])

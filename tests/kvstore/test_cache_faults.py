@@ -48,7 +48,7 @@ def test_corrupt_or_truncated_record_is_dropped_and_recomputed(
     else:
         victim.write_bytes(bytes(data[: len(data) // 3]))
     rt, logits, report = ask_fresh(make_runtime, tmp_path)
-    assert rt.store.stats()["corrupt"] >= 1
+    assert rt.store.stats().corrupt >= 1
     np.testing.assert_array_equal(logits.argmax(), truth.argmax())
     np.testing.assert_allclose(logits, truth, atol=1e-3)
     assert report.cached_tokens < report.prompt_tokens - 2  # not all of it came back
@@ -67,7 +67,7 @@ def test_record_with_a_foreign_fingerprint_is_dropped(make_runtime, tmp_path: Pa
             _codec.encode(payload, header.key, _codec.fingerprint_digest("another model"), 1)
         )
     rt, logits, report = ask_fresh(make_runtime, tmp_path)
-    assert report.cached_tokens == 0 and rt.store.stats()["corrupt"] >= 1
+    assert report.cached_tokens == 0 and rt.store.stats().corrupt >= 1
     np.testing.assert_allclose(logits, truth, atol=1e-3)
 
 

@@ -21,8 +21,8 @@ def test_the_whole_folder_stays_within_the_budget(tmp_path: Path) -> None:
     # 60 MB of incompressible 200 KB chunks (a file each, as a real chunk is): the
     # budget is reached and culled at; the folder is walked after every write
     fill(store, 300, size=200 << 10, each=lambda: sizes.append(walked(tmp_path)))
-    assert store.stats()["culled"] > 0
+    assert store.stats().culled > 0
     most = max(sizes)
     assert most <= BUDGET, f"the folder reached {most / 2**20:.1f} MiB of {BUDGET / 2**20:.0f}"
-    assert store.stats()["disk"]["used_bytes"] == walked(tmp_path)
+    assert store.stats().disk.used_bytes == walked(tmp_path)
     store.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from warmstart.runtime.kvstore._disk import DiskTier
+from warmstart.runtime.kvstore._figures import DiskFigures
 from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._store import TieredStore
 
@@ -46,8 +47,8 @@ def fill(
     return keys
 
 
-def usage(store: TieredStore) -> dict[str, int]:
-    return store.stats()["disk"]  # type: ignore[no-any-return]
+def usage(store: TieredStore) -> DiskFigures:
+    return store.stats().disk
 
 
 def test_disk_usage_equals_the_bytes_on_disk_after_writes_culls_and_deletes(
@@ -57,29 +58,29 @@ def test_disk_usage_equals_the_bytes_on_disk_after_writes_culls_and_deletes(
     store = TieredStore("fp", RamPool(4 * SLOT, SLOT), tier, min_residency_s=0)
     keys = fill(store, 40)
     after_culls = usage(store)
-    assert after_culls["used_bytes"] == walked(tmp_path)
+    assert after_culls.used_bytes == walked(tmp_path)
     present = tier.present()
-    assert 0 < after_culls["chunks"] == len(present) < 40  # diskcache culled the oldest
-    assert after_culls["tokens"] == 2 * len(present)
-    assert after_culls["kv_bytes"] == len(present) * (40 << 10)
+    assert 0 < after_culls.chunks == len(present) < 40  # diskcache culled the oldest
+    assert after_culls.tokens == 2 * len(present)
+    assert after_culls.kv_bytes == len(present) * (40 << 10)
     culled = [store.ledger.get(k) for k in keys if k not in present]
     assert not any(r is not None and r.on_disk for r in culled)  # the store was told
 
     survivor = next(k for k in keys if k in present)
     record = store.ledger.get(survivor)
     assert record is not None and tier.get(survivor) is not None  # a read writes LRU times
-    assert usage(store)["used_bytes"] == walked(tmp_path)
+    assert usage(store).used_bytes == walked(tmp_path)
 
     store.drop(sorted(present)[: len(present) // 2])
     store.flush()
     dropped = usage(store)
-    assert dropped["used_bytes"] == walked(tmp_path)
-    assert dropped["chunks"] == len(tier.present()) == len(present) - len(present) // 2
+    assert dropped.used_bytes == walked(tmp_path)
+    assert dropped.chunks == len(tier.present()) == len(present) - len(present) // 2
     store.close()
 
     again = DiskTier(tmp_path, "fp", 0, 1 << 20)  # counted once at open
     assert again.usage.used_bytes == walked(tmp_path)
-    assert again.usage.chunks == dropped["chunks"]
+    assert again.usage.chunks == dropped.chunks
     again.clear()
     assert again.usage.chunks == 0 and again.usage.used_bytes == walked(tmp_path)
     again.close()
@@ -100,7 +101,7 @@ def test_stats_list_no_keys_and_walk_no_folder(
     monkeypatch.setattr(os, "walk", listing)
     monkeypatch.setattr(os, "scandir", listing)
     disk = usage(store)
-    assert disk["chunks"] == 3 and disk["tokens"] == 6
+    assert disk.chunks == 3 and disk.tokens == 6
     monkeypatch.undo()
-    assert disk["used_bytes"] == walked(tmp_path)
+    assert disk.used_bytes == walked(tmp_path)
     store.close()

@@ -83,8 +83,8 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
     resident, limit, _ = store.ram_figures()
     assert limit == 3 * SLOT and resident == 3 * SLOT
     stats = store.stats()
-    assert stats["ram"]["chunks"] == 3 and stats["disk"]["chunks"] == 8
-    assert stats["pressure_events"] == 1 and stats["returned_bytes"] == 5 * SLOT
+    assert stats.ram.chunks == 3 and stats.disk.chunks == 8
+    assert stats.pressure_events == 1 and stats.returned_bytes == 5 * SLOT
     assert watcher.under_pressure
     # the coldest went (the first chunk, a system prompt, is kept longest)
     plan = store.prepare_load(list(range(9)), range(1, 9))
@@ -94,10 +94,10 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
 
     meminfo.available += 5 * SLOT  # what the pool gave back
     watcher.check()  # at the floor: neither shrinks nor grows
-    assert store.stats()["pressure_events"] == 1 and store.ram_figures()[1] == 3 * SLOT
+    assert store.stats().pressure_events == 1 and store.ram_figures()[1] == 3 * SLOT
     meminfo.available -= 2 * SLOT  # another program takes more
     watcher.check()
-    assert store.stats()["pressure_events"] == 2 and store.ram_figures()[:2] == (SLOT, SLOT)
+    assert store.stats().pressure_events == 2 and store.ram_figures()[:2] == (SLOT, SLOT)
 
     demoted = [r for r in store.chain(keys[-1]) if r.tier == "disk"]
     store.shrink_ram(0)
@@ -118,8 +118,8 @@ def test_without_the_disk_tier_the_demoted_chunks_are_dropped(tmp_path: Path) ->
     fill(store, 8)
     MemoryWatcher(store, floor_bytes=MiB + 8 * SLOT, read=FakeMeminfo(MiB)).check()
     stats = store.stats()
-    assert stats["ram"]["chunks"] == 0 and stats["chunks"] == 0  # a later recompute
-    assert stats["evictions"] == 8 and stats["ram"]["resident_bytes"] == 0
+    assert stats.ram.chunks == 0 and stats.chunks == 0  # a later recompute
+    assert stats.evictions == 8 and stats.ram.resident_bytes == 0
     store.close()
 
 
@@ -131,7 +131,7 @@ def test_a_chunk_being_read_stays_until_released(tmp_path: Path) -> None:
     assert all(r.tier == "ram" for r in plan.records)
     store.complete_load(plan)
     store.shrink_ram(0)
-    assert store.stats()["ram"]["chunks"] == 0
+    assert store.stats().ram.chunks == 0
     store.close()
 
 
@@ -140,7 +140,7 @@ def test_floor_zero_or_no_reading_does_nothing(tmp_path: Path) -> None:
     fill(store, 4)
     MemoryWatcher(store, floor_bytes=0, read=FakeMeminfo(0)).check()
     MemoryWatcher(store, floor_bytes=1 << 40, read=lambda: None).check()
-    assert store.stats()["ram"]["chunks"] == 4 and store.stats()["pressure_events"] == 0
+    assert store.stats().ram.chunks == 4 and store.stats().pressure_events == 0
     store.close()
 
 
@@ -152,10 +152,10 @@ def test_the_watcher_thread_looks_every_interval_and_stops_on_close(tmp_path: Pa
     watcher.start()
     try:
         for _ in range(500):
-            if store.stats()["ram"]["chunks"] == 0:
+            if store.stats().ram.chunks == 0:
                 break
             threading.Event().wait(0.01)
-        assert store.stats()["ram"]["chunks"] == 0
+        assert store.stats().ram.chunks == 0
     finally:
         watcher.close()
     assert not watcher.thread.is_alive()

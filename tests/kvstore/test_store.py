@@ -59,7 +59,7 @@ def test_identical_chunks_are_stored_once(tmp_path: Path) -> None:
     assert first.key in store
     assert put(store, store.root, 0, [7, 7], blob(3)) is first
     store.flush()
-    assert store.stats()["disk"]["chunks"] == 1
+    assert store.stats().disk.chunks == 1
     store.close()
 
 
@@ -71,8 +71,8 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
         store.flush()  # on disk, so it may leave RAM
         parent, start = rec.key, start + 1
     stats = store.stats()
-    assert stats["ram"]["chunks"] <= 3 and stats["disk"]["chunks"] == 8
-    assert stats["demotions"] >= 5
+    assert stats.ram.chunks <= 3 and stats.disk.chunks == 8
+    assert stats.demotions >= 5
     # everything is still restorable, from one tier or the other
     plan = store.prepare_load([*range(8), 99], range(1, 9))
     assert len(plan.loads) == 8
@@ -88,7 +88,7 @@ def test_without_disk_leaving_ram_is_eviction(tmp_path: Path) -> None:
     a = put(store, store.root, 0, [1], blob(1))
     put(store, a.key, 1, [2], blob(2))
     put(store, store.root, 0, [5], blob(5))
-    assert store.stats()["evictions"] >= 1
+    assert store.stats().evictions >= 1
 
 
 def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
@@ -103,7 +103,7 @@ def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
     monkeypatch.setattr(store.disk, "put", full)
     rec = put(store, store.root, 0, [1, 2], blob(1))
     store.flush()
-    assert store.disk_degraded and store.stats()["disk_full"] == 1
+    assert store.disk_degraded and store.stats().disk_full == 1
     assert rec.tier == "ram" and bytes(store.transfers.read(rec)) == blob(1)  # type: ignore[arg-type]
     store.close()
 
@@ -128,18 +128,18 @@ def test_stats_count_what_is_on_disk_after_evictions(tmp_path: Path) -> None:
     for i in range(40):
         parent = put(store, parent, 2 * i, [i, i], blob(i)).key
         store.flush()
-    stats = store.stats()["disk"]
+    stats = store.stats().disk
     files = [p for p in (tmp_path / "blobs").rglob("*.val")]
     on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
-    assert stats["chunks"] == len(tier.present()) < 40
-    assert stats["chunks"] >= len(files)
-    assert stats["tokens"] == 2 * stats["chunks"]
-    assert store.stats()["culled"] == 40 - stats["chunks"]  # what the budget evicted
-    assert stats["used_bytes"] >= on_disk * 0.5 and stats["used_bytes"] < 4 * on_disk + (1 << 20)
+    assert stats.chunks == len(tier.present()) < 40
+    assert stats.chunks >= len(files)
+    assert stats.tokens == 2 * stats.chunks
+    assert store.stats().culled == 40 - stats.chunks  # what the budget evicted
+    assert stats.used_bytes >= on_disk * 0.5 and stats.used_bytes < 4 * on_disk + (1 << 20)
     for key in list(tier.present()):
         tier.delete(key)
-    emptied = store.stats()["disk"]
-    assert emptied["chunks"] == 0 and emptied["tokens"] == 0 and emptied["kv_bytes"] == 0
+    emptied = store.stats().disk
+    assert emptied.chunks == 0 and emptied.tokens == 0 and emptied.kv_bytes == 0
     store.close()
 
 
@@ -196,12 +196,12 @@ def test_a_store_plan_keeps_the_prefix_up_to_the_first_failed_cut(tmp_path: Path
     leaf = store.complete_store(plan)
     assert leaf == plan.keys[0]  # the second cut failed: the third is not kept either
     store.flush()
-    assert store.stats()["chunks"] == 1 and store.stats()["ram"]["chunks"] == 1
+    assert store.stats().chunks == 1 and store.stats().ram.chunks == 1
     assert store.pool is not None and store.pool.used_slots == 1  # the rest gave room back
     again = store.prepare_store(tokens, [2, 4, 6], lambda n: 3000 * n)
     assert [(s.start, s.end) for s in again.saves] == [(2, 4), (4, 6)]  # only what it lacks
     assert store.complete_store(again, ok=False) is None
-    assert store.pool.used_slots == 1 and store.stats()["chunks"] == 1
+    assert store.pool.used_slots == 1 and store.stats().chunks == 1
     store.close()
 
 
@@ -337,6 +337,6 @@ def test_a_disk_chunk_larger_than_a_slot_is_read_into_a_buffer_of_its_own(
         assert [c.tier for c in plan.loads] == ["disk"]
         assert [bytes(b) for b in again.transfers.load(plan)] == [big]
         again.complete_load(plan)
-        assert again.stats()["corrupt"] == 0 and again.stats()["chunks"] == 1
+        assert again.stats().corrupt == 0 and again.stats().chunks == 1
     finally:
         again.close()

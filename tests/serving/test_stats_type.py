@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from warmstart.runtime.engine._fake import FakeOptions
+from warmstart.runtime.kvstore import StoreStats
 from warmstart.runtime.serving._stats import DiskStats, LiveStats, MemoryStats, QueueStats, Stats
 from warmstart.runtime.types import TIERS, Message, Request
 
@@ -37,7 +38,7 @@ def test_a_full_value_round_trips_and_unknown_figures_stay_out() -> None:
         disk=DiskStats(5, 50, 500, chunks=1, kv_bytes=40, degraded=False),
         queue=QueueStats(0, 1, 8),
         memory=MemoryStats(floor_bytes=1 << 30),
-        store={"chunks": 1},
+        store=StoreStats(chunks=1),
     )
     raw = full.to_json()
     assert Stats.from_json(raw) == full
