@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._llama import LlamaEmbedder, LlamaModel, on_own_thread
     from ._loader import AS_SET, LoaderChoice, LoaderCommand, choose_loader, gpu_offload_supported
     from ._protocol import Engine, TokenSampler
-    from ._residents import Resident, reusable
+    from ._residents import Resident
     from ._sampling import token_logprob
     from ._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
     from ._template import ChatTemplate
@@ -57,7 +57,6 @@ __all__ = [
     "json_schema_grammar",
     "llama_build_info",
     "on_own_thread",
-    "reusable",
     "token_logprob",
 ]
 
@@ -93,7 +92,6 @@ _WHERE = {
     "json_schema_grammar": "._grammars",
     "llama_build_info": "._build",
     "on_own_thread": "._llama",
-    "reusable": "._residents",
     "token_logprob": "._sampling",
 }
 

@@ -24,7 +24,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 
 from ..errors import EngineError, RequestError
-from ..kvstore import TAIL_TOKENS, common_prefix
+from ..kvstore import common_prefix, turn_anchors
 from ..types import Message, Request, Sampling
 from . import _decode_probe, _kvblob, _tools
 from ._llama import (
@@ -36,9 +36,9 @@ from ._llama import (
     on_own_thread,
 )
 from ._prompt import PromptTokenizer
-from ._residents import KvCells, Resident, Residents, live_prefix, reusable
+from ._residents import KvCells, Resident, Residents
 
-__all__ = ["EngineConfig", "LlamaEngine", "Resident", "fingerprint_of", "live_prefix", "reusable"]
+__all__ = ["EngineConfig", "LlamaEngine", "Resident", "fingerprint_of"]
 from ._sampling import Sampler, check_grammar, check_logit_bias
 from ._template import template_for
 
@@ -248,40 +248,10 @@ class LlamaEngine(Residents):
         )
 
     def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """Where prefill batches end besides every ``chunk_tokens`` (see ``batch_cuts``):
-        where each turn but the assistant's opens; the end of each assistant opening
-        and the two tokens before it, so the prompt's own last batches (``batch_cuts``'
-        tail) are batches of every later turn too, and a repeat decodes nothing (the
-        sequence keeps the logits its prompt ended with, see ``live_prefix``); and
-        every token of a reply, up to the control token that closes it. A reply is
-        prefilled a token at a time, as it was decoded, so its KV, live or stored, is
-        what a cold prefill of the next turn computes (a token's KV depends on its
-        batch, DESIGN.md "Numerics"), and the next turn prefills only what follows the
-        reply: its end-of-turn markup (one batch), then the new message and its tail.
-        Without ``step_replies`` a reply is prefilled in batches, and a finished one
-        is re-prefilled in them in the background (the pipeline's ``_settle``)."""
-        opener = self.opener
-        if not opener:
-            return ()
-        n, out = len(opener), set[int]()
-        starts = [i for i, token in enumerate(ids) if token == opener[0]]
-        header = self.user_header
-        for k, i in enumerate(starts):
-            if list(ids[i : i + n]) != opener:
-                out.update((i,) if i else ())
-                if i and header and list(ids[i : i + len(header)]) == header:
-                    # where a user's text starts: another question after the same
-                    # history reuses the markup before it too, as llama-server does
-                    out.add(i + len(header))
-                continue
-            c = i + n  # where the reply starts
-            out.update(x for x in (c - TAIL_TOKENS, c) if x > 0)
-            if not self.config.step_replies:
-                continue
-            nxt = starts[k + 1] if k + 1 < len(starts) else len(ids)
-            end = next((p for p in range(c, nxt) if self.prompter.is_control(ids[p])), nxt)
-            out.update(range(c + 1, end + 1))
-        return tuple(sorted(out))
+        """Where the prompt's batches end besides every ``chunk_tokens``: its turns, as
+        this model's template opens them (``kvstore.turn_anchors``)."""
+        header, is_control = self.user_header, self.prompter.is_control
+        return turn_anchors(ids, self.opener, header, is_control, self.config.step_replies)
 
     def _find_opener(self) -> list[int]:
         """The assistant's opening, which the template adds to a prompt (ChatML's
@@ -350,7 +320,7 @@ class LlamaEngine(Residents):
         """Computes ``tokens`` in one decode after what ``res`` holds. ``ends``: the batch
         ends inside it that it stands for (whole chunks merged where that gives the same
         KV bits, see ``Tuning.merge_batch_tokens``); by default it is one batch, and ``[]``
-        the first piece of one (it ends no batch: see ``Job._piece_end``). False,
+        the first piece of one (it ends no batch: see ``kvstore.piece_end``). False,
         with nothing of it kept, when ``interrupt`` stopped it (background work that a
         request arrived for)."""
         n = len(res.tokens)
@@ -371,7 +341,7 @@ class LlamaEngine(Residents):
 
     def keep_logits(self, res: Resident) -> np.ndarray:
         """Keeps (and returns) the logits ``res``'s last decode computed, for the same
-        prompt again (:func:`live_prefix`)."""
+        prompt again (``Resident.live_prefix``)."""
         res.logits, res.logits_at = self.ctx.logits(), len(res.tokens)
         return res.logits
 

@@ -71,7 +71,7 @@ def render(messages: Sequence[Message], generation: bool = True) -> str:
 
 
 def _anchors(words: Sequence[str]) -> list[int]:
-    """Where prefill batches end, as the real engine's (``_turn_starts``): where each
+    """Where prefill batches end, as ``kvstore.turn_anchors`` puts them: where each
     turn but the assistant's opens; where the assistant's opening ends (two tokens, so
     the prompt's own tail batch is a batch of the next turn too) and the two before
     it; every token of a reply, up to its end."""

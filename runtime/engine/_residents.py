@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import EngineError
-from ..kvstore import common_prefix
+from ..kvstore import ends_through, live_prefix
 
 CONTINUATION_SLACK = 64  # tokens a continuation may drop at the end of what is live
 
@@ -33,9 +33,9 @@ class Resident:
 
     ``tokens`` is exactly what the KV holds, in order; ``bounds`` the ends of the
     batches it was computed in (ascending, the last one ``len(tokens)`` but while its
-    prompt's batch goes in pieces, see ``Job._piece_end``): a token's KV
+    prompt's batch goes in pieces, see ``kvstore.piece_end``): a token's KV
     depends on its batch, so a prefix is reusable only up to a batch end that a cold
-    prefill of the new prompt would also have (see :func:`reusable`)."""
+    prefill of the new prompt would also have (see ``kvstore.reusable``)."""
 
     seq: int
     tokens: list[int] = field(default_factory=list)
@@ -64,36 +64,16 @@ class Resident:
         a piece of the next one is in."""
         return self.bounds[-1] if self.bounds else 0
 
+    def live_prefix(self, ids: Sequence[int], cuts: Sequence[int]) -> int:
+        """How much of a prompt ``ids`` with batch ends ``cuts`` it holds for it
+        (``kvstore.live_prefix``: all of it when it kept this very prompt's logits)."""
+        logits_at = self.logits_at if self.logits is not None else None
+        return live_prefix(self.bounds, self.tokens, ids, cuts, logits_at)
+
     def forget_logits(self, below: int = 0) -> None:
         """The KV before ``logits_at`` changes (kept up to ``below`` only)."""
         if self.logits is not None and below < self.logits_at:
             self.logits, self.logits_at = None, 0
-
-
-def live_prefix(res: Resident, ids: Sequence[int], cuts: Sequence[int]) -> int:
-    """How much of a prompt ``ids`` (batch ends ``cuts``, the last one ``len(ids)``) the
-    resident ``res`` holds for it. The last batch is recomputed for its logits, unless
-    ``res`` kept those of this very prompt: then the whole of it."""
-    if res.logits is not None and res.logits_at == len(ids):
-        whole = reusable(res.bounds, res.tokens, ids, cuts)
-        if whole == len(ids):
-            return whole
-    return reusable(res.bounds, res.tokens, ids, cuts[:-1])
-
-
-def reusable(
-    bounds: Sequence[int], held: Sequence[int], ids: Sequence[int], cuts: Sequence[int]
-) -> int:
-    """How much of a KV computed in batches ending at ``bounds`` (over tokens ``held``)
-    a prompt ``ids`` prefilled in batches ending at ``cuts`` can keep: the longest run
-    of identical batches over identical tokens."""
-    same = common_prefix(held, ids)
-    usable = 0
-    for mine, theirs in zip(bounds, cuts, strict=False):
-        if mine != theirs or mine > same:
-            break
-        usable = mine
-    return usable
 
 
 class Residents:
@@ -119,7 +99,7 @@ class Residents:
     ) -> tuple[Resident, int]:
         """A sequence for a prompt of the cache ``scope`` (only residents of that scope are a
         prefix or a conversation of its own), and how many of its tokens it already
-        holds (a prefix that ends where one of ``cuts`` does, see :func:`live_prefix`:
+        holds (a prefix that ends where one of ``cuts`` does, see ``Resident.live_prefix``:
         all of them when it holds this prompt's logits). The conversation's own sequence
         continues in place, and so does one that shares a prefix with the prompt at
         least as long as the rest of what it holds, when the store keeps all of that
@@ -132,7 +112,7 @@ class Residents:
         idle = [r for r in self.residents if not r.busy]
         if not idle:
             raise EngineError("no idle sequence")  # the runtime admits at most one per job
-        scored = [(live_prefix(r, ids, cuts), r) for r in idle if r.scope == scope] if share else []
+        scored = [(r.live_prefix(ids, cuts), r) for r in idle if r.scope == scope] if share else []
         live, best = max(
             scored,
             key=lambda x: (x[0], session is not None and x[1].session == session),
@@ -193,7 +173,7 @@ class Residents:
         if n < len(res.tokens):
             self._cells().seq_rm(res.seq, n, -1)
         del res.tokens[n:]
-        res.bounds = [b for b in res.bounds if b <= n]
+        res.bounds = ends_through(res.bounds, n)
         res.forget_logits(below=n)
 
     def evict(self, res: Resident, counted: bool = True) -> None:

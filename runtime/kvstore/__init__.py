@@ -1,17 +1,26 @@
 """The KV store: it plans loads and stores over two tiers (the pinned RAM pool, the
 zstd-compressed disk tier) and a transfer worker moves the bytes (docs/architecture.md)."""
 
-from ._disk import DiskTier, directory_problem, drop_chunks, reset_directory
-from ._figures import StoreStats
-from ._index import read_index, unshared
-from ._keys import (
+from ._batches import (
     TAIL_TOKENS,
+    ReplyPlan,
     aligned_cuts,
     batch_cuts,
+    chunk_ends,
     chunk_spans,
     common_prefix,
     decode_groups,
+    ends_through,
+    live_prefix,
+    next_decode,
+    piece_end,
+    reply_plan,
+    reusable,
+    turn_anchors,
 )
+from ._disk import DiskTier, directory_problem, drop_chunks, reset_directory
+from ._figures import StoreStats
+from ._index import read_index, unshared
 from ._plans import LoadPlan
 from ._pool import RamPool
 from ._pressure import MemoryWatcher
@@ -23,16 +32,25 @@ __all__ = [
     "LoadPlan",
     "MemoryWatcher",
     "RamPool",
+    "ReplyPlan",
     "StoreStats",
     "TieredStore",
     "aligned_cuts",
     "batch_cuts",
+    "chunk_ends",
     "chunk_spans",
     "common_prefix",
     "decode_groups",
     "directory_problem",
     "drop_chunks",
+    "ends_through",
+    "live_prefix",
+    "next_decode",
+    "piece_end",
     "read_index",
+    "reply_plan",
     "reset_directory",
+    "reusable",
+    "turn_anchors",
     "unshared",
 ]

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._keys import Span, chunk_key
+from ._batches import Span
+from ._keys import chunk_key
 
 
 @dataclass

@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import CacheError, DiskFull, DiskUnavailable
+from ._batches import chunk_spans
 from ._disk import DiskTier, DiskUsage
 from ._figures import DiskFigures, RamFigures, StoreStats
 from ._index import unshared
-from ._keys import chunk_key, chunk_spans, root_key, scoped_root
+from ._keys import chunk_key, root_key, scoped_root
 from ._ledger import Ledger, Record
 from ._plans import Load, LoadPlan, Read, Save, StorePlan
 from ._pool import RamPool

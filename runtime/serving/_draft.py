@@ -21,7 +21,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..engine import Resident
-from ..kvstore import LoadPlan, aligned_cuts, common_prefix
+from ..kvstore import LoadPlan, aligned_cuts, common_prefix, ends_through
 from ..types import Draft, DraftState, Message, Request
 from ._admit import Admitted, Prompter
 from ._pipeline import Env, Job
@@ -149,7 +149,7 @@ class DraftJob(Job):
             self.ready = have
             yield from self._fill(res, have)
             if not (self.superseded or self.preempted):  # they go on in this sequence
-                self._keep(res, [c for c in self.cuts if c <= self.ready])
+                self._keep(res, ends_through(self.cuts, self.ready))
             self._end(self._state())
             yield from self._rehome(displaced)
 

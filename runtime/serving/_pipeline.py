@@ -6,7 +6,7 @@ prefill batch, one token), so the worker interleaves requests of different
 conversations fairly.
 
 Every prefill of a prompt, cold or cached, computes the same batches
-(:func:`~runtime.kvstore._keys.batch_cuts`), and a prefix is kept or restored only up
+(:func:`~runtime.kvstore._batches.batch_cuts`), and a prefix is kept or restored only up
 to the end of one of them: a token's KV then has the same bits however the prompt got
 into the context, and a cached reply equals a ``--no-cache`` one.
 """
@@ -23,16 +23,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engine import Engine, Resident, TextAssembler, TokenSampler, reusable, token_logprob
+from ..engine import Engine, Resident, TextAssembler, TokenSampler, token_logprob
 from ..errors import EngineError, WarmstartError
 from ..kvstore import (
-    TAIL_TOKENS,
     LoadPlan,
+    ReplyPlan,
     TieredStore,
     aligned_cuts,
     batch_cuts,
-    chunk_spans,
+    chunk_ends,
     decode_groups,
+    ends_through,
+    next_decode,
+    reply_plan,
 )
 from ..policy import Rates, Tuning, decide_restore
 from ..types import Message, Report, TokenLogprob
@@ -47,7 +50,7 @@ log = logging.getLogger(__name__)
 # while a client waits that would go first, a prompt's decodes hold at most this many
 # tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
 CONTENDED_BATCH_TOKENS = 128
-# and a longer batch goes in pieces of about this many (see Job._piece_end)
+# and a longer batch goes in pieces of about this many (see kvstore.piece_end)
 CONTENDED_PIECE_TOKENS = 64
 # The first token is handed to its reader (the server writes it to the socket) before
 # the second one's decode starts, waited for at most this long. Otherwise the decode's
@@ -93,7 +96,7 @@ class Job:
         self.n_promoted = 0  # how many of its chunks were read
         tuning = env.tuning
         self.cuts = batch_cuts(
-            len(self.ids), tuning.chunk_tokens, self.anchors, TAIL_TOKENS, tuning.batch_tile
+            len(self.ids), tuning.chunk_tokens, self.anchors, tile=tuning.batch_tile
         )
         self.cached = self.request.use_cache and env.store is not None and env.engine.chunkable
         self.reply: str | None = None
@@ -196,10 +199,7 @@ class Job:
             self.to_prefill = len(self.ids) - have
             # the next decode: chosen at each step, since others may have come meanwhile;
             # from where the batch in progress began (a piece of it may be in)
-            begun = res.batched
-            ends = self._decodes(begun, self.cuts)[0]
-            stop = self._piece_end(begun, have, ends)
-            bound = ends if stop == ends[-1] else []  # a piece ends no batch
+            stop, bound = self._next_decode(res.batched, have)
             last, done = stop == len(self.ids), False
             if not self.stream.cancelled:
                 self.prefilling = True
@@ -268,7 +268,7 @@ class Job:
                     break
                 blobs.append(blob)
             ends = plan.ends(len(blobs))
-            if ends and engine.restore(home, blobs, tokens, [b for b in bounds if b <= ends[-1]]):
+            if ends and engine.restore(home, blobs, tokens, ends_through(bounds, ends[-1])):
                 home.session, home.last_used = session, time.monotonic()
                 home.scope = self.request.cache_scope
         finally:
@@ -287,7 +287,7 @@ class Job:
         self.background = True
         self.answered_at = time.monotonic()
         yield
-        leaf = self._keep(res, [c for c in self.cuts[:-1] if c <= have])
+        leaf = self._keep(res, ends_through(self.cuts[:-1], have))
         if leaf is not None:
             self._save_session(leaf, len(res.tokens), kept=True)
 
@@ -310,27 +310,27 @@ class Job:
     @cached_property
     def _chunk_ends(self) -> set[int]:
         """Where the prompt's stored chunks end (a run of one-token batches is one)."""
-        run = self.env.tuning.chunk_tokens
-        return {end for _, end, _ in chunk_spans(self.cuts, 0, run)}
+        return chunk_ends(self.cuts, self.env.tuning.chunk_tokens)
 
-    def _piece_end(self, begun: int, have: int, ends: Sequence[int]) -> int:
-        """Where the next decode of the prompt stops: the end of the group ``ends``;
-        but while another client waits that would go first, a batch of the long kind
-        (one that began at ``begun``) goes in pieces of about CONTENDED_PIECE_TOKENS, each
-        of at least ``Tuning.batch_tile`` tokens: every token then takes the tiled path it
-        takes in the whole batch, with the same KV bits, and the worker turns to the
-        others between pieces instead of after a whole chunk."""
-        tile = self.env.tuning.batch_tile
-        if not (self.contended and tile) or ends[0] - begun < tile:
-            return ends[-1]
-        stop = have + max(CONTENDED_PIECE_TOKENS, tile)
-        return stop if ends[0] - stop >= tile else ends[-1]
+    def _limits(self) -> tuple[int, int]:
+        """The most tokens one decode may hold, and the pieces a long batch may go in
+        (0: whole; see ``kvstore.piece_end``): fewer while another client waits that
+        would go first, so that the worker can turn to it sooner."""
+        most = self.env.tuning.merge_batch_tokens
+        if not self.contended:
+            return most, 0
+        return min(most, CONTENDED_BATCH_TOKENS), CONTENDED_PIECE_TOKENS
+
+    def _next_decode(self, begun: int, have: int) -> tuple[int, list[int]]:
+        """Where the prompt's next decode stops, and the batch ends it completes."""
+        tuning = self.env.tuning
+        most, piece = self._limits()
+        chunk, tile = tuning.chunk_tokens, tuning.batch_tile
+        return next_decode(begun, have, self.cuts, chunk, tile, most, piece)
 
     def _decodes(self, have: int, cuts: Sequence[int]) -> list[list[int]]:
         tuning = self.env.tuning
-        most = tuning.merge_batch_tokens
-        if self.contended:
-            most = min(most, CONTENDED_BATCH_TOKENS)
+        most, _ = self._limits()
         return decode_groups(have, cuts, tuning.chunk_tokens, most, tuning.batch_tile)
 
     # step 1: the longest prefix worth restoring ------------------------------------------
@@ -393,7 +393,7 @@ class Job:
             return live
         # the batches the prefix was computed in: the prompt's own (a chunk stands for
         # one, or for a run of one-token ones)
-        bounds = [c for c in self.cuts if c <= ends[-1]]
+        bounds = ends_through(self.cuts, ends[-1])
         if not self.env.engine.restore(res, blobs, self.ids, bounds):
             log.warning("llama.cpp refused the cached prefix; recomputing the prompt")
             self.report.restored = dict.fromkeys(self.report.restored, 0)
@@ -507,16 +507,15 @@ class Job:
         if not (self.cached and len(res.tokens) > len(self.ids)):
             return None
         target, cuts = self._next_prompt(res)
-        engine = self.env.engine
-        keep = reusable(res.bounds, res.tokens, target, cuts)
+        plan = reply_plan(res.bounds, res.tokens, target, cuts, len(self.ids))
         if self.hurried:  # the reply as decoded, which the next turn's prompt shares
-            keep = self._close_reply(res, target, cuts, keep)
-            return self._keep(res, [b for b in res.bounds if b <= keep])
-        cuts = [c for c in cuts if c > keep]
-        if not cuts:
+            held = self._close_reply(res, plan)
+            return self._keep(res, ends_through(res.bounds, held))
+        if not plan.cuts:
             return None
+        engine, keep = self.env.engine, plan.keep
         engine.trim(res, keep)
-        for ends in self._decodes(keep, cuts):
+        for ends in self._decodes(keep, plan.cuts):
             batch = target[keep : ends[-1]]
             while True:  # a request that arrives stops the batch; it is redone after it
                 yield
@@ -525,24 +524,19 @@ class Job:
                 if engine.prefill(res, batch, want_logits=False, ends=ends):
                     break
             keep = ends[-1]
-        return self._keep(res, [b for b in res.bounds if b <= cuts[-1]])
+        return self._keep(res, ends_through(res.bounds, plan.cuts[-1]))
 
-    def _close_reply(
-        self, res: Resident, target: Sequence[int], cuts: Sequence[int], keep: int
-    ) -> int:
-        """A reply that max_tokens cut ends with a token sampled but never decoded; the
-        next turn's prompt steps through it as the last of the reply's one-token
-        batches, which a store keeps as one chunk: without it, the chunk kept would
-        be another one, and the next turn would restore only up to the reply's start.
-        So that token is decoded now (one token: the waiting request hardly notices);
-        returns how much of ``target`` the sequence then holds."""
-        nxt = next((c for c in cuts if c > keep), None)
-        if nxt != keep + 1 or keep < len(self.ids):
-            return keep
-        self.env.engine.trim(res, keep)
-        if not self.env.engine.prefill(res, target[keep:nxt], want_logits=False):
-            return keep  # (a hurried job runs under the worker's lock: nothing stops it)
-        return nxt
+    def _close_reply(self, res: Resident, plan: ReplyPlan) -> int:
+        """Decodes the reply's last token when it was sampled but never decoded
+        (``ReplyPlan.closing``: one token, the waiting request hardly notices); returns
+        how much of the next turn's prompt the sequence then holds."""
+        if plan.closing is None:
+            return plan.keep
+        self.env.engine.trim(res, plan.keep)
+        last = plan.target[plan.keep : plan.closing]
+        if not self.env.engine.prefill(res, last, want_logits=False):
+            return plan.keep  # (a hurried job runs under the worker's lock: nothing stops it)
+        return plan.closing
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:
         """The tokens the next turn's prompt starts with, and its batch ends over them.

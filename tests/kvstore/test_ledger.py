@@ -1,4 +1,5 @@
-from warmstart.runtime.kvstore._keys import chunk_key, chunk_spans, root_key
+from warmstart.runtime.kvstore._batches import chunk_spans
+from warmstart.runtime.kvstore._keys import chunk_key, root_key
 from warmstart.runtime.kvstore._ledger import Ledger, Record
 
 ROOT = root_key("fp")

@@ -43,8 +43,7 @@ def _prompt_of(rt, words: list[str], tokens: int) -> tuple[str, int]:  # type: i
 
 
 def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def]
-    from warmstart.runtime.kvstore._keys import batch_cuts
-    from warmstart.runtime.serving._pipeline import TAIL_TOKENS
+    from warmstart.runtime.kvstore import TAIL_TOKENS, batch_cuts
 
     rt.wait_idle()
     ids, anchor = rt.engine.prompt_ids(request)
