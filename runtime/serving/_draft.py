@@ -3,7 +3,7 @@
 A draft is a chat request whose last message may still change (the one being
 typed), or a conversation as it stands (its next message is still to come). Only
 what the final prompt is certain to share is computed, in exactly the batches a
-cold run of the final prompt uses (:func:`~runtime.kvstore._keys.aligned_cuts`: the
+cold run of the final prompt uses (:func:`~runtime.kvstore._batches.aligned_cuts`: the
 batch ends every longer prompt has), so the reply after Enter still equals
 ``--no-cache``: Enter finds those batches live and prefills only the rest.
 

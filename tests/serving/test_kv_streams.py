@@ -278,7 +278,7 @@ def test_a_prompt_prefilled_in_pieces_while_others_wait_gives_the_same_bits(  # 
     make_runtime, tmp_path, monkeypatch
 ) -> None:
     """While other clients wait, a long batch is decoded in pieces of a tile or more
-    (Job._piece_end): each token takes the same tiled path as in the whole batch, so
+    (kvstore.piece_end): each token takes the same tiled path as in the whole batch, so
     the chunks stored and the logits are the same bytes as a prefill alone, and the
     reply equals ``--no-cache``."""
     from warmstart.runtime.serving._worker import Worker
