@@ -6,6 +6,14 @@ A token's KV depends on the batch it was computed in (DESIGN.md, "Numerics"), so
 cached prefix equals a cold prefill only if both computed the same batches. Every rule
 about where batches end lives here; the engine, its residents and the pipeline call it.
 Chunk keys (hashing the chunks cut here) are ``_keys.py``'s.
+
+Words, each with one meaning: a batch *end* is a position where a batch ends; a
+prompt's *cuts* are all its batch ends (:func:`batch_cuts`, the last one its length);
+a sequence's *bounds* are the ends of the batches its KV was computed in
+(``Resident.bounds``); an *anchor* is a position where a batch must end because a
+message starts there (:func:`turn_anchors`); a *span* is a chunk a store keeps
+(:func:`chunk_spans`); a *group* is the batches one decode computes together
+(:func:`decode_groups`), a *piece* part of one batch (:func:`piece_end`).
 """
 
 from __future__ import annotations
@@ -277,7 +285,7 @@ def live_prefix(
 @dataclass(frozen=True)
 class ReplyPlan:
     """How a sequence that holds a prompt and its reply becomes the next turn's prompt
-    ``target`` (up to its new message): the first ``keep`` tokens stay as computed,
+    ``target`` (up to its new message): the first ``reused`` tokens stay as computed,
     then ``target`` is prefilled along the batch ends ``cuts``. ``closing``: a reply
     that max_tokens cut ends with a token sampled but never decoded, and the next turn
     steps through it as the last of the reply's one-token batches, which a store keeps
@@ -286,7 +294,7 @@ class ReplyPlan:
     token is all it takes to hold it (None: nothing to close)."""
 
     target: list[int]
-    keep: int
+    reused: int
     cuts: list[int]
     closing: int | None
 
@@ -301,7 +309,7 @@ def reply_plan(
     """The :class:`ReplyPlan` of a sequence holding ``held`` in batches ending at
     ``bounds`` (a prompt of ``prompt_tokens`` and its reply), for the next turn's
     prompt ``target`` with batch ends ``cuts``."""
-    keep = reusable(bounds, held, target, cuts)
-    rest = [c for c in cuts if c > keep]
-    closes = bool(rest) and rest[0] == keep + 1 and keep >= prompt_tokens
-    return ReplyPlan(list(target), keep, rest, rest[0] if closes else None)
+    reused = reusable(bounds, held, target, cuts)
+    rest = [c for c in cuts if c > reused]
+    closes = bool(rest) and rest[0] == reused + 1 and reused >= prompt_tokens
+    return ReplyPlan(list(target), reused, rest, rest[0] if closes else None)

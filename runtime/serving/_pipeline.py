@@ -513,7 +513,7 @@ class Job:
             return self._keep(res, ends_through(res.bounds, held))
         if not plan.cuts:
             return None
-        engine, keep = self.env.engine, plan.keep
+        engine, keep = self.env.engine, plan.reused
         engine.trim(res, keep)
         for ends in self._decodes(keep, plan.cuts):
             batch = target[keep : ends[-1]]
@@ -531,11 +531,11 @@ class Job:
         (``ReplyPlan.closing``: one token, the waiting request hardly notices); returns
         how much of the next turn's prompt the sequence then holds."""
         if plan.closing is None:
-            return plan.keep
-        self.env.engine.trim(res, plan.keep)
-        last = plan.target[plan.keep : plan.closing]
+            return plan.reused
+        self.env.engine.trim(res, plan.reused)
+        last = plan.target[plan.reused : plan.closing]
         if not self.env.engine.prefill(res, last, want_logits=False):
-            return plan.keep  # (a hurried job runs under the worker's lock: nothing stops it)
+            return plan.reused  # (a hurried job runs under the worker's lock: nothing stops it)
         return plan.closing
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:

@@ -35,18 +35,18 @@ def test_a_reply_cut_by_max_tokens_is_closed_by_one_decode() -> None:
     held, bounds = list(range(12)), [8, 10, 11, 12]
     target, cuts = [*held, 12, 13, 14], [8, 10, 11, 12, 13, 15]
     plan = reply_plan(bounds, held, target, cuts, prompt_tokens=10)
-    assert (plan.keep, plan.cuts, plan.closing) == (12, [13, 15], 13)
+    assert (plan.reused, plan.cuts, plan.closing) == (12, [13, 15], 13)
     assert plan.target == target
     # the third token decoded (an end of turn): nothing to close, the markup to prefill
     plan = reply_plan([*bounds, 13], [*held, 12], target, cuts, prompt_tokens=10)
-    assert (plan.keep, plan.cuts, plan.closing) == (13, [15], None)
+    assert (plan.reused, plan.cuts, plan.closing) == (13, [15], None)
     # a reply re-prefilled along other batches: from the prompt's end, nothing closed
     plan = reply_plan([8, 10, 11, 12], held, target, [8, 10, 15], prompt_tokens=10)
-    assert (plan.keep, plan.cuts, plan.closing) == (10, [15], None)
+    assert (plan.reused, plan.cuts, plan.closing) == (10, [15], None)
     # a reply the template renders otherwise: from where it differs (its first token
     # a batch of its own, which one decode holds)
     plan = reply_plan(bounds, held, [*range(10), 7, 7, 7], [8, 10, 11, 12, 13], 10)
-    assert (plan.keep, plan.cuts, plan.closing) == (10, [11, 12, 13], 11)
+    assert (plan.reused, plan.cuts, plan.closing) == (10, [11, 12, 13], 11)
     # nothing of the reply kept as decoded: the prompt's own end is not closed
     plan = reply_plan([8, 10], held[:10], target, cuts, prompt_tokens=12)
-    assert (plan.keep, plan.closing) == (10, None)
+    assert (plan.reused, plan.closing) == (10, None)
