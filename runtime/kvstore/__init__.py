@@ -1,5 +1,5 @@
 """The KV store: it plans loads and stores over two tiers (the pinned RAM pool, the
-zstd-compressed disk tier) and a transfer worker moves the bytes (docs/architecture.md)."""
+zstd-compressed disk tier) and owns the transfers that move the bytes (docs/architecture.md)."""
 
 from ._batches import (
     TAIL_TOKENS,

@@ -1,5 +1,5 @@
 """What the store hands out for one load or one store: where the bytes are, where they
-go (pure values: the store plans, a transfer worker or the engine moves the bytes).
+go (pure values: the store plans, its transfers or the engine move the bytes).
 
 A plan's chunks are pinned from ``prepare_*`` until ``complete_*``: nothing in it is
 evicted or dropped while its bytes move.
@@ -66,7 +66,7 @@ class LoadPlan:
         return out
 
     def to_promote(self, n: int) -> list[Record]:
-        """Its first ``n`` chunks that were on disk only: for ``Transfers.promote``
+        """Its first ``n`` chunks that were on disk only: for ``TieredStore.promote``
         once the reply is out."""
         pairs = zip(self.loads[:n], self.records, strict=False)
         return [r for c, r in pairs if c.tier == "disk"]
@@ -74,7 +74,7 @@ class LoadPlan:
 
 @dataclass
 class Read:
-    """Where one chunk read stands (``TieredStore.begin_read``): its bytes ``ready``
+    """Where one chunk read stands (``TieredStore._read_room``): its bytes ``ready``
     (in RAM already), or a ``buffer`` its disk read lands in (a pool ``slot``'s memory
     when set)."""
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from ._room import RamRoom
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -50,22 +53,6 @@ def next_limit(available: int, floor: int, resident: int, limit: int, capacity: 
     return min(capacity, max(limit, resident + (available - floor) // 2))
 
 
-class PressureTarget(Protocol):
-    """What the watcher needs of the store (TieredStore implements it)."""
-
-    def ram_figures(self) -> tuple[int, int, int]:
-        """(resident bytes, limit bytes, capacity bytes) of the pool."""
-        ...
-
-    def shrink_ram(self, limit_bytes: int) -> int:
-        """Lowers the limit, demotes down to it and gives pages back; bytes given back."""
-        ...
-
-    def grow_ram(self, limit_bytes: int) -> None:
-        """Raises the limit (to at most the capacity)."""
-        ...
-
-
 class MemoryWatcher:
     """Shrinks and regrows ``target``'s pool around ``floor_bytes`` of available memory.
 
@@ -74,7 +61,7 @@ class MemoryWatcher:
 
     def __init__(
         self,
-        target: PressureTarget,
+        target: RamRoom,
         floor_bytes: int,
         interval_s: float = 1.0,
         read: ReadAvailable = read_available,
@@ -106,16 +93,16 @@ class MemoryWatcher:
         self.available = available
         if available is None or self.floor <= 0:
             return
-        resident, limit, capacity = self.target.ram_figures()
+        resident, limit, capacity = self.target.figures()
         wanted = next_limit(available, self.floor, resident, limit, capacity)
         if available < self.floor:
             if resident > wanted or limit > wanted:
-                freed = self.target.shrink_ram(wanted)
+                freed = self.target.shrink(wanted)
                 self._say_pressure(available, wanted, freed)
             self.under_pressure = True
             return
         if wanted > limit:
-            self.target.grow_ram(wanted)
+            self.target.grow(wanted)
             if self.under_pressure:
                 log.info(
                     "memory back (%d MiB available): the RAM cache may grow to %d MiB",

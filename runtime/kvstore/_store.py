@@ -1,16 +1,21 @@
 """The tiered store: the RAM pool over the disk tier, with write-through in the background.
 
-It plans and keeps records; it never moves bytes (vLLM's KV offloading manager is
-the model). A load is ``prepare_load`` (the stored prefix of a prompt, pinned, and
-where each chunk's bytes are), the bytes moved by the transfer worker
-(``_transfer.Transfers``) or read by the engine from the pool, then
-``complete_load``. A store is ``prepare_store`` (the chunks it lacks, with room
+It plans and keeps records (vLLM's KV offloading manager is the model) and owns the
+transfers that move bytes between the tiers (``_transfer.Transfers``), which it calls
+and which never call it back: a move's result is their return value. A load is
+``prepare_load`` (the stored prefix of a prompt, pinned, and where each chunk's bytes
+are), ``load`` (RAM chunks as pool views, disk chunks read where the plan put them),
+then ``complete_load``. A store is ``prepare_store`` (the chunks it lacks, with room
 reserved), the engine cutting their bytes into that room, then ``complete_store``,
-which records them and has the worker write them through. Expected refusals (a
-miss, no room, a write that failed) are return values and reports, not exceptions.
+which records them and queues their write-through; the store's writer thread
+(``kv-writer``) runs the queue and records each result. Expected refusals (a miss, no
+room, a write that failed) are return values, not exceptions.
 
-Knows nothing of llama.cpp. All public methods may be called from the runtime's
-worker thread while the transfer worker writes to disk.
+Room in the pool (watermarks, memory pressure) is ``_room.RamRoom``'s; whether the
+disk tier may be written, and when to try it again, is ``_health.DiskHealth``'s.
+
+Knows nothing of llama.cpp. All public methods may be called from any thread while
+the writer thread writes to disk.
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, DiskFull, DiskUnavailable
+from ..errors import CacheError, DiskUnavailable
 from ._batches import chunk_spans
 from ._disk import DiskTier, DiskUsage
-from ._figures import DiskFigures, RamFigures, StoreStats
+from ._figures import RamFigures, StoreStats
+from ._health import DiskHealth
 from ._index import unshared
 from ._keys import chunk_key, root_key, scoped_root
 from ._ledger import Ledger, Record
 from ._plans import Load, LoadPlan, Read, Save, StorePlan
 from ._pool import RamPool
-from ._transfer import Transfers
+from ._room import RamRoom
+from ._transfer import Delete, Transfers, Write
 
 log = logging.getLogger(__name__)
 
@@ -59,39 +66,26 @@ class TieredStore:
         the longest chunk a run of one-token batches is kept in (see ``chunk_spans``;
         1: a chunk for each). ``durable_s``: a write waits for a quiet engine until
         half of it has passed since the chunk was kept, no longer (Transfers)."""
-        self.durable_s = durable_s
         self.run_tokens = run_tokens
         self.fingerprint = fingerprint
         self.root = root_key(fingerprint)
         self._roots: dict[str, bytes] = {"": self.root}
-        self.pool = pool
-        self.disk = disk
-        self.high, self.low = high_watermark, low_watermark
-        self.min_residency_s = min_residency_s
+        self.pool, self.disk = pool, disk
         self.ledger = Ledger(clock)
         self._lock = threading.RLock()
-        self.transfers = Transfers(self)
-        self.counters = {
-            "evictions": 0,
-            "demotions": 0,
-            "corrupt": 0,
-            "disk_full": 0,
-            "written": 0,
-            "dropped": 0,
-            "culled": 0,  # chunks the disk tier's budget evicted (its LRU)
-            "disk_unavailable": 0,
-            "pressure_events": 0,  # times the pool was shrunk for the system's sake
-            "returned_bytes": 0,  # pool pages handed back to the OS, in all
-        }
-        self.disk_degraded = False
-        self.degraded_reason: str | None = None
-        self._reopen, self.retry_s = reopen, retry_s
-        self._last_try = time.monotonic()
+        self.ram = None
+        if pool is not None:
+            room = (pool, self.ledger, self._lock, high_watermark, low_watermark, min_residency_s)
+            self.ram = RamRoom(*room)
+        self.health = DiskHealth(retry_s, reopen)
+        self.transfers = Transfers(durable_s)
+        self.corrupt = self.written = self.dropped = self.culled = 0
         if disk is not None:
             self._adopt(disk)
         elif disk_problem is not None:
-            self._degrade(disk_problem)
-        self.transfers.start()
+            self.health.degrade(disk_problem, opened=False)
+        self._writer = threading.Thread(target=self._write_through, name="kv-writer", daemon=True)
+        self._writer.start()
 
     def _adopt(self, disk: DiskTier) -> None:
         """Indexes what ``disk`` holds (no blob is read)."""
@@ -104,52 +98,60 @@ class TieredStore:
                 fields = (row.key, row.parent, row.start, row.tokens, row.nbytes)
                 self.ledger.add(Record(*fields, on_disk=True, last_used=0.0))
 
-    # a degraded disk tier ------------------------------------------------------
-    def _degrade(self, reason: str) -> None:
-        """Stops writing to disk; said once per episode (log, stats, /health, metric)."""
-        self.counters["disk_unavailable"] += 1
-        self._last_try = time.monotonic()
-        if not self.disk_degraded:
-            hint = "; `warmstart cache clear` resets a damaged cache" if self.disk is None else ""
-            log.warning(
-                "disk tier off: %s. Serving from RAM only; trying the disk again every %.0f s%s",
-                reason,
-                self.retry_s,
-                hint,
-            )
-        self.disk_degraded, self.degraded_reason = True, reason
-
-    def retry_now(self) -> None:
-        """Tries the degraded disk tier again at the writer's next turn."""
-        self._last_try = float("-inf")
-        self.transfers.wake()
-
-    def maybe_recover(self) -> None:
-        """On the writer thread: brings the disk tier back once it can write again,
-        and writes through the chunks captured meanwhile (those still in RAM)."""
-        if not self.disk_degraded or time.monotonic() - self._last_try < self.retry_s:
-            return
-        self._last_try = time.monotonic()
-        if self.disk is None:
-            if self._reopen is None:
-                return
+    # the writer thread ----------------------------------------------------------------
+    def _write_through(self) -> None:
+        """The ``kv-writer`` thread: the queued writes and deletions in order, each
+        write's result recorded (``_written``); at every turn, and every ``retry_s``
+        when idle, a degraded disk tier is tried again."""
+        while True:
+            job = self.transfers.next(timeout=self.health.retry_s)
             try:
-                disk = self._reopen()
-            except DiskUnavailable as exc:
-                self.degraded_reason = str(exc)
-                return
+                self._try_disk_again()
+                if isinstance(job, Write):
+                    self._written(job.record, Transfers.write(job))
+                elif isinstance(job, Delete):
+                    Transfers.delete(job)
+                elif job is not None and job.stop:
+                    return
+            except Exception:  # the writer must outlive any one bad chunk
+                log.exception("background cache write failed")
+            finally:
+                if job is not None:
+                    self.transfers.done()
+
+    def _try_disk_again(self) -> None:
+        """Takes a degraded disk tier back once it can write again, and writes through
+        the chunks captured meanwhile (those still in RAM)."""
+        disk = self.health.usable(self.disk)
+        if disk is None:
+            return
+        if disk is not self.disk:
             self._adopt(disk)
             self.disk = disk
-        elif not self.disk.writable():
-            return
         with self._lock:
-            self.disk_degraded, self.degraded_reason = False, None
             pending = [r for r in self.ledger.records.values() if not r.on_disk]
             for record in pending:
                 if record.slot is not None and self.pool is not None:
                     record.pins += 1  # the write holds it until flushed, as in _commit()
-                    self.transfers.write(record, self.pool.view(record.slot, record.nbytes))
-        log.warning("disk tier back: writing to the disk cache again (%d chunks)", len(pending))
+                    self.transfers.enqueue_write(
+                        disk, record, self.pool.view(record.slot, record.nbytes)
+                    )
+            self.health.back(len(pending))
+
+    def retry_now(self) -> None:
+        """Tries the degraded disk tier again at the writer's next turn."""
+        self.health.retry_now()
+        self.transfers.wake()
+
+    def hold(self, busy: bool) -> None:
+        """A request is being prefilled or decoded (``busy``), or none is any more:
+        writes and the background prewarm wait meanwhile (``Transfers.hold``)."""
+        self.transfers.hold(busy)
+
+    @property
+    def quiet(self) -> bool:
+        """No request is being computed: writes go at once."""
+        return self.transfers.quiet
 
     def root_for(self, scope: str) -> bytes:
         """The first parent of the chains of a cache scope (see ``scoped_root``)."""
@@ -204,33 +206,61 @@ class TieredStore:
                 if record.doomed:
                     self._forget(record)
 
-    def begin_read(self, record: Record, staging: np.ndarray | None = None) -> Read | None:
-        """For the transfer worker: where one chunk's bytes are, and where a disk read
-        of them lands (``staging`` when it fits, else a free pool slot, else a buffer
-        of its own); None when the chunk is in no tier."""
-        with self._lock:
-            if record.slot is not None and self.pool is not None:
-                return Read(ready=self.pool.view(record.slot, record.nbytes))
-            if record.held is not None:
-                return Read(ready=record.held)
-            if self.disk is None or not record.on_disk:
-                return None
-            if staging is not None and staging.nbytes >= record.nbytes:
-                return Read(buffer=staging)
-            # (a chunk cut with other settings may be larger than a slot)
-            fits = self.pool is not None and record.nbytes <= self.pool.slot_bytes
-            slot = self._alloc_slot() if fits else None
-        if slot is not None and self.pool is not None:
-            return Read(buffer=self.pool.view(slot), slot=slot)
-        return Read(buffer=np.empty(record.nbytes, dtype=np.uint8))
+    # reads: on the caller's thread ------------------------------------------------------
+    def load(self, plan: LoadPlan, staging: np.ndarray | None = None) -> list[np.ndarray]:
+        """The plan's chunk bytes in order, stopping at the first one gone or corrupt:
+        RAM chunks as pool views, disk chunks read where the plan put them."""
+        blobs = []
+        for load, record in zip(plan.loads, plan.records, strict=True):
+            room = None
+            if load.offset is not None and staging is not None:
+                room = staging[load.offset : load.offset + load.nbytes]
+            blob = self.read(record, room)
+            if blob is None:
+                break
+            blobs.append(blob)
+        return blobs
 
-    def end_read(
+    def read(self, record: Record, staging: np.ndarray | None = None) -> np.ndarray | None:
+        """One chunk's bytes from the fastest tier (None: gone, or proved corrupt and
+        dropped). A disk read lands in ``staging`` when given, else in a free pool slot
+        (reading it promotes it, with no extra copy), else in a buffer of its own."""
+        read, disk = self._read_room(record, staging)
+        if read is None or read.ready is not None:
+            return None if read is None else read.ready
+        n, corrupt = None, False
+        if disk is not None and read.buffer is not None:
+            n, corrupt = self.transfers.read(disk, record.key, read.buffer)
+        return self._landed(record, read, n, corrupt)
+
+    def _read_room(
+        self, record: Record, staging: np.ndarray | None
+    ) -> tuple[Read | None, DiskTier | None]:
+        """Where one chunk's bytes are, or where its disk read lands (``staging`` when
+        it fits, else a free pool slot, else a buffer of its own), and the disk tier
+        to read from; None when the chunk is in no tier."""
+        with self._lock:
+            disk = self.disk
+            if record.slot is not None and self.pool is not None:
+                return Read(ready=self.pool.view(record.slot, record.nbytes)), disk
+            if record.held is not None:
+                return Read(ready=record.held), disk
+            if disk is None or not record.on_disk:
+                return None, disk
+            if staging is not None and staging.nbytes >= record.nbytes:
+                return Read(buffer=staging), disk
+            slot = self.ram.alloc(record.nbytes) if self.ram is not None else None
+        if slot is not None and self.pool is not None:
+            return Read(buffer=self.pool.view(slot), slot=slot), disk
+        return Read(buffer=np.empty(record.nbytes, dtype=np.uint8)), disk
+
+    def _landed(
         self, record: Record, read: Read, n: int | None, corrupt: bool
     ) -> np.ndarray | None:
-        """The transfer worker's report of a disk read (``n`` bytes, None when the blob
-        was gone): the bytes as landed, or None (the chunk then dropped)."""
+        """A disk read's result (``n`` bytes, None when the blob was gone): the bytes
+        as landed, or None (the chunk then dropped)."""
         with self._lock:
-            self.counters["corrupt"] += int(corrupt)
+            self.corrupt += int(corrupt)
             if n is None or n != record.nbytes or read.buffer is None:
                 self._release_slot(read.slot)
                 self._forget(record)
@@ -246,10 +276,47 @@ class TieredStore:
             record.promoted_at = self.ledger.clock()
             return self.pool.view(read.slot, n)
 
-    def _release_slot(self, slot: int | None) -> None:
-        if slot is not None and self.pool is not None:
-            self.pool.release(slot)
+    def promote(
+        self,
+        records: Sequence[Record],
+        make_room: bool = True,
+        stop: threading.Event | None = None,
+        background: bool = False,
+    ) -> int:
+        """Brings disk-only chunks into the pool (off the request path); returns the
+        tokens promoted. Without ``make_room`` (prewarm) it stops at the high watermark
+        rather than demote chunks that are warm for a reason; ``stop`` set ends it.
+        ``background`` (the startup prewarm): before each chunk it waits until no
+        request is being prefilled or decoded, so that its disk reads and zstd
+        decompression never take a core from a request's steps."""
+        tokens = 0
+        for record in records:
+            if background:
+                self.transfers.wait_quiet(lambda: stop is not None and stop.is_set())
+            if stop is not None and stop.is_set():
+                break
+            verdict = self._may_promote(record, make_room)
+            if verdict is None:  # no room for any of them
+                break
+            if verdict and self.read(record) is not None and record.slot is not None:
+                tokens += len(record.tokens)
+        return tokens
 
+    def _may_promote(self, record: Record, make_room: bool) -> bool | None:
+        """Whether ``record`` is worth reading into the pool now; None when nothing is
+        (no pool, at the watermark without ``make_room``, memory short)."""
+        with self._lock:
+            if record.slot is not None or not record.on_disk or record.key not in self.ledger:
+                return False
+            if self.ram is None or not self.ram.may_fill(make_room):
+                return None
+            return True
+
+    def _release_slot(self, slot: int | None) -> None:
+        if self.ram is not None:
+            self.ram.release(slot)
+
+    # chains ---------------------------------------------------------------------
     def chain(self, leaf: bytes) -> list[Record]:
         with self._lock:
             return self.ledger.chain(leaf)
@@ -295,10 +362,9 @@ class TieredStore:
 
     def _reserve(self, nbytes: int) -> tuple[np.ndarray, int | None]:
         """Room for ``nbytes``: a pool slot when one can be had, else a buffer."""
-        if self.pool is not None and nbytes <= self.pool.slot_bytes:
-            slot = self._alloc_slot()
-            if slot is not None:
-                return self.pool.view(slot), slot
+        slot = self.ram.alloc(nbytes) if self.ram is not None else None
+        if slot is not None and self.pool is not None:
+            return self.pool.view(slot), slot
         return np.empty(nbytes, dtype=np.uint8), None
 
     def complete_store(self, plan: StorePlan, ok: bool = True) -> bytes | None:
@@ -332,98 +398,35 @@ class TieredStore:
             record.slot = save.slot
             record.promoted_at = self.ledger.clock()
         self.ledger.add(record)
-        if self.disk is not None and not self.disk_degraded:
+        if self.disk is not None and not self.health.degraded:
             record.pins += 1  # the write holds it until flushed
             if record.slot is not None and self.pool is not None:
                 payload = self.pool.view(record.slot, nbytes)
             else:  # readable until written: a later prompt may share it meanwhile
                 payload = record.held = save.buffer[:nbytes]
-            self.transfers.write(record, payload)
+            self.transfers.enqueue_write(self.disk, record, payload)
         elif record.slot is None:
             self.ledger.remove(save.key)  # no RAM, no disk: nothing holds it
         return record
 
-    def written(self, record: Record, problem: CacheError | None) -> None:
-        """The transfer worker's report of a write-through (``problem`` None: on disk)."""
+    def _written(self, record: Record, problem: CacheError | None) -> None:
+        """Records a write-through's result (``problem`` None: on disk)."""
         if isinstance(problem, DiskUnavailable):
-            if isinstance(problem, DiskFull):
-                self.counters["disk_full"] += 1
-            self._degrade(str(problem))
+            self.health.degrade(problem, opened=True)
         ok = problem is None
         culled = self.disk.take_culled() if self.disk is not None else set()
         with self._lock:
             record.pins = max(0, record.pins - 1)
             record.on_disk = record.on_disk or ok
             record.held = None  # on disk now, or lost
-            self.counters["written"] += int(ok)
+            self.written += int(ok)
             if record.slot is None and not record.on_disk:
                 self.ledger.remove(record.key)
             elif record.doomed and not record.pins:
                 self._forget(record)
             self._forget_culled(culled)
 
-    # room and forgetting -----------------------------------------------------
-    def _alloc_slot(self) -> int | None:
-        assert self.pool is not None
-        if self.pool.fill() >= self.high or not self.pool.has_free:
-            self._demote(target=self.low)
-        return self.pool.alloc()
-
-    def _demote(self, target: float) -> None:
-        """Frees pool slots, coldest first, down to ``target`` fill. A chunk already on
-        disk just leaves RAM; one that is not on disk yet is pinned by its pending
-        write and stays; with no disk tier, leaving RAM means eviction."""
-        assert self.pool is not None
-        for record in self.ledger.demotion_order(self.min_residency_s):
-            if self.pool.fill() <= target and self.pool.has_free:
-                break
-            self._demote_one(record)
-
-    def _demote_one(self, record: Record) -> None:
-        """Takes an unpinned chunk out of RAM (lock held): kept if it is on disk."""
-        assert self.pool is not None
-        if record.slot is None:
-            return
-        self.pool.release(record.slot)
-        record.slot = None
-        self.counters["demotions"] += 1
-        if not record.on_disk:
-            self.ledger.remove(record.key)
-            self.counters["evictions"] += 1
-
-    # memory pressure ---------------------------------------------------------
-    def shrink_ram(self, limit_bytes: int) -> int:
-        """Lowers the pool's limit to ``limit_bytes``: the coldest chunks leave RAM down
-        to it (to disk, where those already written just stay; with the disk tier off
-        they are dropped: a later recompute, never a wrong answer), and the pages of
-        every free slot go back to the OS. Returns the bytes given back. Chunks still
-        pinned (being read, or waiting for their disk write) stay for the next call."""
-        if self.pool is None:
-            return 0
-        with self._lock:
-            self.pool.set_limit(limit_bytes)
-            for record in self.ledger.demotion_order(self.min_residency_s):
-                if self.pool.used_slots <= self.pool.limit_slots:
-                    break
-                self._demote_one(record)
-            freed = self.pool.give_back()
-            self.counters["pressure_events"] += 1
-            self.counters["returned_bytes"] += freed
-            return freed
-
-    def grow_ram(self, limit_bytes: int) -> None:
-        """Raises the pool's limit (at most to its capacity) once memory is back."""
-        if self.pool is not None:
-            with self._lock:
-                self.pool.set_limit(max(limit_bytes, self.pool.limit_bytes))
-
-    def ram_figures(self) -> tuple[int, int, int]:
-        """(resident bytes, limit bytes, capacity bytes) of the pool, for the watcher."""
-        if self.pool is None:
-            return 0, 0, 0
-        with self._lock:
-            return self.pool.resident_bytes, self.pool.limit_bytes, self.pool.capacity_bytes
-
+    # forgetting -------------------------------------------------------------------------
     def _forget(self, record: Record) -> None:
         """Drops a chunk from every tier; a pinned one (being read or written) is doomed
         instead and goes when its last pin does."""
@@ -435,9 +438,9 @@ class TieredStore:
                 self.pool.release(record.slot)
                 record.slot = None
             self.ledger.remove(record.key)
-            self.counters["dropped"] += 1
+            self.dropped += 1
         if record.on_disk and self.disk is not None:
-            self.transfers.delete(record.key)
+            self.transfers.enqueue_delete(self.disk, record.key)
 
     def drop_unshared(self, leaf: bytes, others: Iterable[bytes | None]) -> int:
         """Forgets the chunks of the conversation ending at ``leaf`` that none of
@@ -454,22 +457,10 @@ class TieredStore:
                 n += 1
         return n
 
-    def may_promote(self, record: Record, make_room: bool) -> bool | None:
-        """Whether ``record`` is worth reading into the pool now; None when nothing is
-        (no pool, at the watermark without ``make_room``, memory short)."""
-        with self._lock:
-            if record.slot is not None or not record.on_disk or record.key not in self.ledger:
-                return False
-            if self.pool is None or (not make_room and self.pool.fill() >= self.high):
-                return None
-            if not self.pool.limit_slots:  # memory is short: a read would land nowhere
-                return None
-            return True
-
     def _forget_culled(self, culled: set[bytes]) -> None:
         """Chunks whose blob diskcache culled are no longer on disk (lock held); one
         being read finds its blob gone and is dropped then (see read)."""
-        self.counters["culled"] += len(culled)
+        self.culled += len(culled)
         for key in culled:
             record = self.ledger.get(key)
             if record is not None and record.on_disk and not record.pins:
@@ -486,26 +477,22 @@ class TieredStore:
         """Counts from what is really there: the disk figures are the disk tier's own
         counts, kept as it writes, culls and deletes (no listing, no walk here)."""
         disk = self.disk.usage if self.disk is not None else DiskUsage()
-        pool = self.pool
+        room, health = self.ram, self.health
         with self._lock:
-            records = list(self.ledger.records.values())
-            ram = [r for r in records if r.slot is not None]
-            pool_figures = RamFigures(
-                *(len(ram), sum(len(r.tokens) for r in ram), sum(r.nbytes for r in ram)),
-                capacity_bytes=pool.capacity_bytes if pool else 0,
-                limit_bytes=pool.limit_bytes if pool else 0,
-                resident_bytes=pool.resident_bytes if pool else 0,
-                returnable=pool.returnable if pool else False,
-                slots=pool.n_slots if pool else 0,
-                memory=pool.memory_kind if pool else "none",
+            return StoreStats(
+                *(len(self.ledger), room.stats() if room else RamFigures()),
+                *(health.stats(disk), self.transfers.pending()),
+                evictions=room.evictions if room else 0,
+                demotions=room.demotions if room else 0,
+                corrupt=self.corrupt,
+                disk_full=health.full,
+                written=self.written,
+                dropped=self.dropped,
+                culled=self.culled,
+                disk_unavailable=health.unavailable,
+                pressure_events=room.pressure_events if room else 0,
+                returned_bytes=room.returned_bytes if room else 0,
             )
-            disk_figures = DiskFigures(
-                *(disk.chunks, disk.tokens, disk.kv_bytes, disk.used_bytes),
-                degraded=self.disk_degraded,
-                degraded_reason=self.degraded_reason,
-            )
-            pending = self.transfers.pending()
-            return StoreStats(len(records), pool_figures, disk_figures, pending, **self.counters)
 
     def clear(self) -> None:
         self.flush()
@@ -519,6 +506,9 @@ class TieredStore:
                 self.disk.clear()
 
     def close(self) -> None:
-        self.transfers.close()
+        """Writes what is queued, then stops the writer thread and closes the disk tier."""
+        if self._writer.is_alive():
+            self.transfers.stop()
+            self._writer.join()
         if self.disk is not None:
             self.disk.close()

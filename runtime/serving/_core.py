@@ -112,7 +112,7 @@ class LocalRuntime:
         self._requests = 0  # counted by the submitting threads, under the worker's lock
         self._background: list[tuple[threading.Thread, threading.Event]] = []
         self._streams: weakref.WeakSet[QueueStream] = weakref.WeakSet()
-        hold = self.store.transfers.hold if self.store is not None else None
+        hold = self.store.hold if self.store is not None else None
         self.worker = Worker(
             self.engine,
             self.tuning.resident_sequences,
@@ -136,13 +136,13 @@ class LocalRuntime:
     def _watch_memory(self) -> MemoryWatcher | None:
         """Starts the thread that shrinks the RAM pool when the system runs short
         (close() stops it before the store closes)."""
-        store, floor = self.store, self.tuning.memory_floor_bytes
-        if store is None or store.pool is None or not store.pool.n_slots or floor <= 0:
+        room, floor = self.store.ram if self.store else None, self.tuning.memory_floor_bytes
+        if room is None or not room.pool.n_slots or floor <= 0:
             return None
-        if not store.pool.returnable:  # said once; the policy sized it with this in mind
-            log.info("the RAM pool is %s: it cannot give memory back", store.pool.memory_kind)
+        if not room.pool.returnable:  # said once; the policy sized it with this in mind
+            log.info("the RAM pool is %s: it cannot give memory back", room.pool.memory_kind)
             return None
-        watcher = MemoryWatcher(store, floor, self.settings.memory_check_s)
+        watcher = MemoryWatcher(room, floor, self.settings.memory_check_s)
         self.add_background(watcher.thread, watcher.stop)
         watcher.start()
         return watcher
@@ -363,9 +363,7 @@ class LocalRuntime:
         if row is None or row.leaf is None or self.store is None:
             return 0
         chain = self.store.chain(row.leaf)
-        return self.store.transfers.promote(
-            chain, make_room=False, stop=stop, background=background
-        )
+        return self.store.promote(chain, make_room=False, stop=stop, background=background)
 
     def prewarm_recent(self, n: int, stop: threading.Event | None = None) -> int:
         """Promotes the most recent conversations to RAM (run off the request path);
@@ -492,8 +490,8 @@ class LocalRuntime:
     def degraded(self) -> dict[str, str]:
         """What runs in a reduced mode now, and why (cheap: /health asks it)."""
         store = self.store
-        if store is not None and store.disk_degraded:
-            return {"disk": store.degraded_reason or "the disk tier is off"}
+        if store is not None and store.health.degraded:
+            return {"disk": store.health.reason or "the disk tier is off"}
         return {}
 
     def clear_cache(self) -> None:

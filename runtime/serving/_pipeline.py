@@ -240,7 +240,7 @@ class Job:
         """The client has its answer: the prompt's chunks are kept, the reply is
         settled into the next turn's batches, and the conversation saved with its key."""
         if self.env.store is not None and self.promotions is not None:
-            self.env.store.transfers.promote(self.promotions.to_promote(self.n_promoted))
+            self.env.store.promote(self.promotions.to_promote(self.n_promoted))
         leaf = self._keep(res, self.cuts[:-1])
         self.captured = True
         leaf = (yield from self._settle(res)) or leaf
@@ -263,7 +263,7 @@ class Job:
         try:
             blobs = []
             for load, record in zip(plan.loads, plan.records, strict=True):
-                blob = store.transfers.read(record) if load.tier == "ram" else None
+                blob = store.read(record) if load.tier == "ram" else None
                 if blob is None:
                     break
                 blobs.append(blob)
@@ -385,7 +385,7 @@ class Job:
         if not decision.restore:
             return live
         assert self.env.store is not None
-        blobs = self.env.store.transfers.load(plan, self.env.staging)
+        blobs = self.env.store.load(plan, self.env.staging)
         self.promotions, self.n_promoted = plan, len(blobs)
         ends = plan.ends(len(blobs))
         if not ends or ends[-1] <= live:

@@ -74,13 +74,13 @@ def test_next_limit() -> None:
 def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Path) -> None:
     store = make(tmp_path)
     keys = fill(store, 8)
-    resident_full, _, capacity = store.ram_figures()
+    resident_full, _, capacity = store.ram.figures()
     assert resident_full == 8 * SLOT == capacity
     meminfo = FakeMeminfo(available=10 * MiB)
-    watcher = MemoryWatcher(store, floor_bytes=10 * MiB + 5 * SLOT, read=meminfo)
+    watcher = MemoryWatcher(store.ram, floor_bytes=10 * MiB + 5 * SLOT, read=meminfo)
 
     watcher.check()  # 5 slots short: the pool keeps 3
-    resident, limit, _ = store.ram_figures()
+    resident, limit, _ = store.ram.figures()
     assert limit == 3 * SLOT and resident == 3 * SLOT
     stats = store.stats()
     assert stats.ram.chunks == 3 and stats.disk.chunks == 8
@@ -94,21 +94,21 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
 
     meminfo.available += 5 * SLOT  # what the pool gave back
     watcher.check()  # at the floor: neither shrinks nor grows
-    assert store.stats().pressure_events == 1 and store.ram_figures()[1] == 3 * SLOT
+    assert store.stats().pressure_events == 1 and store.ram.figures()[1] == 3 * SLOT
     meminfo.available -= 2 * SLOT  # another program takes more
     watcher.check()
-    assert store.stats().pressure_events == 2 and store.ram_figures()[:2] == (SLOT, SLOT)
+    assert store.stats().pressure_events == 2 and store.ram.figures()[:2] == (SLOT, SLOT)
 
     demoted = [r for r in store.chain(keys[-1]) if r.tier == "disk"]
-    store.shrink_ram(0)
-    assert store.transfers.promote(demoted) == 0  # no room at all: nothing read for nothing
+    store.ram.shrink(0)
+    assert store.promote(demoted) == 0  # no room at all: nothing read for nothing
     meminfo.available = 10 * MiB + 5 * SLOT + 32 * SLOT  # memory is back
     watcher.check()
-    assert store.ram_figures()[1] == capacity and not watcher.under_pressure
+    assert store.ram.figures()[1] == capacity and not watcher.under_pressure
     # the demoted chunks answer from disk, and come back into RAM when read
     record = store.chain(keys[-1])[-1]
     assert record.tier == "disk"
-    assert bytes(store.transfers.read(record)) == random.Random(7).randbytes(SLOT)  # type: ignore[arg-type]
+    assert bytes(store.read(record)) == random.Random(7).randbytes(SLOT)  # type: ignore[arg-type]
     assert record.tier == "ram"
     store.close()
 
@@ -116,7 +116,7 @@ def test_pressure_demotes_to_disk_gives_pages_back_and_grows_again(tmp_path: Pat
 def test_without_the_disk_tier_the_demoted_chunks_are_dropped(tmp_path: Path) -> None:
     store = make(tmp_path, disk=False)
     fill(store, 8)
-    MemoryWatcher(store, floor_bytes=MiB + 8 * SLOT, read=FakeMeminfo(MiB)).check()
+    MemoryWatcher(store.ram, floor_bytes=MiB + 8 * SLOT, read=FakeMeminfo(MiB)).check()
     stats = store.stats()
     assert stats.ram.chunks == 0 and stats.chunks == 0  # a later recompute
     assert stats.evictions == 8 and stats.ram.resident_bytes == 0
@@ -127,10 +127,10 @@ def test_a_chunk_being_read_stays_until_released(tmp_path: Path) -> None:
     store = make(tmp_path)
     fill(store, 4)
     plan = store.prepare_load(list(range(5)), range(1, 5))  # pinned, as a restore does
-    MemoryWatcher(store, floor_bytes=2 * MiB, read=FakeMeminfo(MiB)).check()
+    MemoryWatcher(store.ram, floor_bytes=2 * MiB, read=FakeMeminfo(MiB)).check()
     assert all(r.tier == "ram" for r in plan.records)
     store.complete_load(plan)
-    store.shrink_ram(0)
+    store.ram.shrink(0)
     assert store.stats().ram.chunks == 0
     store.close()
 
@@ -138,8 +138,8 @@ def test_a_chunk_being_read_stays_until_released(tmp_path: Path) -> None:
 def test_floor_zero_or_no_reading_does_nothing(tmp_path: Path) -> None:
     store = make(tmp_path)
     fill(store, 4)
-    MemoryWatcher(store, floor_bytes=0, read=FakeMeminfo(0)).check()
-    MemoryWatcher(store, floor_bytes=1 << 40, read=lambda: None).check()
+    MemoryWatcher(store.ram, floor_bytes=0, read=FakeMeminfo(0)).check()
+    MemoryWatcher(store.ram, floor_bytes=1 << 40, read=lambda: None).check()
     assert store.stats().ram.chunks == 4 and store.stats().pressure_events == 0
     store.close()
 
@@ -148,7 +148,7 @@ def test_the_watcher_thread_looks_every_interval_and_stops_on_close(tmp_path: Pa
     store = make(tmp_path)
     fill(store, 8)
     meminfo = FakeMeminfo(MiB)
-    watcher = MemoryWatcher(store, floor_bytes=MiB + 8 * SLOT, interval_s=0.01, read=meminfo)
+    watcher = MemoryWatcher(store.ram, floor_bytes=MiB + 8 * SLOT, interval_s=0.01, read=meminfo)
     watcher.start()
     try:
         for _ in range(500):

@@ -99,6 +99,6 @@ def test_process_killed_mid_write_leaves_a_usable_cache(tmp_path: Path) -> None:
     store = TieredStore("fp", RamPool(1 << 24, 1 << 20), DiskTier(tmp_path, "fp", 1, 1 << 30))
     records = list(store.ledger.records.values())
     assert records  # what was flushed before the kill is there
-    readable = [r for r in records if store.transfers.read(r) is not None]
+    readable = [r for r in records if store.read(r) is not None]
     assert readable  # and what reads back verifies; anything half-written was dropped
     store.close()

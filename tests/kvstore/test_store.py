@@ -40,14 +40,14 @@ def test_capture_then_read_from_ram_and_from_disk_in_a_new_store(tmp_path: Path)
     b = put(store, a.key, 2, [3, 4], blob(2))
     plan = store.prepare_load([1, 2, 3, 4, 5], [2, 4])
     assert [c.tier for c in plan.loads] == ["ram", "ram"]
-    assert bytes(store.transfers.read(b)) == blob(2)  # type: ignore[arg-type]
+    assert bytes(store.read(b)) == blob(2)  # type: ignore[arg-type]
     store.complete_load(plan)
     store.flush()
     store.close()
     again = make(tmp_path)
     plan = again.prepare_load([1, 2, 3, 4, 5], [2, 4])
     assert [c.tier for c in plan.loads] == ["disk", "disk"]
-    assert bytes(again.transfers.read(plan.records[1])) == blob(2)  # type: ignore[arg-type]
+    assert bytes(again.read(plan.records[1])) == blob(2)  # type: ignore[arg-type]
     assert plan.records[1].tier == "ram"  # promoted on read
     again.complete_load(plan)
     again.close()
@@ -76,7 +76,7 @@ def test_pool_full_demotes_cold_chunks_that_are_on_disk(tmp_path: Path) -> None:
     # everything is still restorable, from one tier or the other
     plan = store.prepare_load([*range(8), 99], range(1, 9))
     assert len(plan.loads) == 8
-    assert len(store.transfers.load(plan)) == 8
+    assert len(store.load(plan)) == 8
     store.complete_load(plan)
     store.close()
 
@@ -103,8 +103,8 @@ def test_a_full_disk_degrades_to_ram_and_loses_nothing_in_ram(
     monkeypatch.setattr(store.disk, "put", full)
     rec = put(store, store.root, 0, [1, 2], blob(1))
     store.flush()
-    assert store.disk_degraded and store.stats().disk_full == 1
-    assert rec.tier == "ram" and bytes(store.transfers.read(rec)) == blob(1)  # type: ignore[arg-type]
+    assert store.health.degraded and store.stats().disk_full == 1
+    assert rec.tier == "ram" and bytes(store.read(rec)) == blob(1)  # type: ignore[arg-type]
     store.close()
 
 
@@ -161,7 +161,7 @@ def test_a_load_plan_says_where_each_chunk_is_and_where_disk_reads_land(tmp_path
     ]
     assert plan.end == 6 and plan.nbytes == 18000 and plan.slowest == "disk"
     staging = np.zeros(2 * 6000 + 10, dtype=np.uint8)
-    blobs = again.transfers.load(plan, staging)
+    blobs = again.load(plan, staging)
     assert [bytes(b) for b in blobs] == [blob(0), blob(1), blob(2)]
     assert bytes(staging[6000:12000]) == blob(1)  # landed where the plan said
     # the one without staging room went to a pool slot: read means promoted
@@ -177,7 +177,7 @@ def test_a_planned_chunk_is_pinned_until_the_load_completes(tmp_path: Path) -> N
     rec = put(store, store.root, 0, [1, 2], blob(1))
     plan = store.prepare_load([1, 2, 3], [2])
     assert store.drop([rec.key]) == 1
-    assert store.transfers.load(plan) and rec.key in store.ledger  # doomed, still readable
+    assert store.load(plan) and rec.key in store.ledger  # doomed, still readable
     store.complete_load(plan)
     assert rec.key not in store.ledger  # gone with its last pin
     store.close()
@@ -226,16 +226,16 @@ def test_a_write_waits_while_a_request_is_computed(tmp_path: Path) -> None:
     waits while the engine is busy with a request (at most HOLD_S), then goes."""
     store = make(tmp_path)
     try:
-        store.transfers.hold(True)
+        store.hold(True)
         record = put(store, store.root, 0, [1, 2], blob(9))
         time.sleep(0.3)
         assert not record.on_disk
-        store.transfers.hold(False)
+        store.hold(False)
         assert wait_until(lambda: record.on_disk)
         # a flush does not wait for the engine: the writes go at once
-        store.transfers.hold(True)
+        store.hold(True)
         other = put(store, store.root, 0, [3, 4], blob(10))
-        assert store.transfers.flush(timeout=1.5) and other.on_disk
+        assert store.flush(timeout=1.5) and other.on_disk
     finally:
         store.close()
 
@@ -253,17 +253,15 @@ def test_the_startup_prewarm_reads_nothing_while_a_request_is_computed(tmp_path:
     try:
         chain = again.chain(b.key)
         assert [r.tier for r in chain] == ["disk", "disk"]
-        again.transfers.hold(True)
+        again.hold(True)
         done: list[int] = []
         worker = threading.Thread(
-            target=lambda: done.append(
-                again.transfers.promote(chain, make_room=False, background=True)
-            )
+            target=lambda: done.append(again.promote(chain, make_room=False, background=True))
         )
         worker.start()
         time.sleep(0.3)
         assert not done and [r.tier for r in chain] == ["disk", "disk"]
-        again.transfers.hold(False)
+        again.hold(False)
         worker.join(10)
         assert done == [4] and [r.tier for r in chain] == ["ram", "ram"]
     finally:
@@ -271,12 +269,12 @@ def test_the_startup_prewarm_reads_nothing_while_a_request_is_computed(tmp_path:
     third = make(tmp_path)
     try:
         chain = third.chain(b.key)
-        third.transfers.hold(True)
-        assert third.transfers.promote(chain[:1], make_room=False) == 2  # asked for: at once
+        third.hold(True)
+        assert third.promote(chain[:1], make_room=False) == 2  # asked for: at once
         stop = threading.Event()
         worker = threading.Thread(
             target=lambda: done.append(
-                third.transfers.promote(chain, make_room=False, stop=stop, background=True)
+                third.promote(chain, make_room=False, stop=stop, background=True)
             )
         )
         worker.start()
@@ -304,7 +302,7 @@ def test_a_chunk_waiting_for_its_write_with_the_pool_full_is_still_restorable(
     (before, it was in no tier until then, and the next turn recomputed it)."""
     store = make(tmp_path, slots=1, min_residency_s=0)
     try:
-        store.transfers.hold(True)
+        store.hold(True)
         parent, start, records = store.root, 0, []
         for i in range(3):
             records.append(put(store, parent, start, [i], blob(20 + i)))
@@ -312,9 +310,9 @@ def test_a_chunk_waiting_for_its_write_with_the_pool_full_is_still_restorable(
         assert not any(r.on_disk for r in records) and records[1].slot is None
         plan = store.prepare_load([0, 1, 2, 99], [1, 2, 3])
         assert [c.tier for c in plan.loads] == ["ram"] * 3
-        assert [bytes(b) for b in store.transfers.load(plan)] == [blob(20 + i) for i in range(3)]
+        assert [bytes(b) for b in store.load(plan)] == [blob(20 + i) for i in range(3)]
         store.complete_load(plan)
-        store.transfers.hold(False)
+        store.hold(False)
         assert store.flush(10) and all(r.on_disk for r in records)
         assert records[1].tier == "disk" and records[1].held is None  # its buffer went
     finally:
@@ -335,7 +333,7 @@ def test_a_disk_chunk_larger_than_a_slot_is_read_into_a_buffer_of_its_own(
     try:
         plan = again.prepare_load([1, 2, 3], [2])
         assert [c.tier for c in plan.loads] == ["disk"]
-        assert [bytes(b) for b in again.transfers.load(plan)] == [big]
+        assert [bytes(b) for b in again.load(plan)] == [big]
         again.complete_load(plan)
         assert again.stats().corrupt == 0 and again.stats().chunks == 1
     finally:

@@ -187,11 +187,11 @@ def test_the_stores_writes_wait_while_a_client_waits(tmp_path: Path) -> None:
     runtime = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.01))
     try:
         assert runtime.store is not None
-        transfers = runtime.store.transfers
+        store = runtime.store
         stream = runtime.generate(Request(messages=(Message("user", "a question"),)))
-        seen = [transfers.quiet for _ in stream]  # during the stream: a client waits
+        seen = [store.quiet for _ in stream]  # during the stream: a client waits
         assert not any(seen[:-1])
-        assert runtime.wait_idle(60) and transfers.quiet
+        assert runtime.wait_idle(60) and store.quiet
     finally:
         runtime.close()
 

@@ -52,7 +52,7 @@ def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def
     plan = rt.store.prepare_load(ids, cuts)
     try:
         assert len(plan.loads) == len(cuts), "every batch of the prompt is stored"
-        return [bytes(blob) for blob in rt.store.transfers.load(plan)]
+        return [bytes(blob) for blob in rt.store.load(plan)]
     finally:
         rt.store.complete_load(plan)
 
