@@ -10,11 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._batches import Span
 from ._keys import chunk_key
+
+if TYPE_CHECKING:
+    from ._index import IndexRow
 
 
 @dataclass
@@ -81,6 +85,17 @@ class Ledger:
         record.last_used = record.last_used or self.clock()
         self.records[record.key] = record
         return record
+
+    def adopt(self, rows: Iterable[IndexRow]) -> None:
+        """Records the chunks a disk tier lists as on disk (those known already are
+        marked so)."""
+        for row in rows:
+            existing = self.records.get(row.key)
+            if existing is not None:
+                existing.on_disk = True
+                continue
+            fields = (row.key, row.parent, row.start, row.tokens, row.nbytes)
+            self.add(Record(*fields, on_disk=True, last_used=0.0))
 
     def remove(self, key: bytes) -> Record | None:
         """Forgets a record unless it is pinned; returns it when removed."""

@@ -73,10 +73,8 @@ class TieredStore:
         self.pool, self.disk = pool, disk
         self.ledger = Ledger(clock)
         self._lock = threading.RLock()
-        self.ram = None
-        if pool is not None:
-            room = (pool, self.ledger, self._lock, high_watermark, low_watermark, min_residency_s)
-            self.ram = RamRoom(*room)
+        room = (self.ledger, self._lock, high_watermark, low_watermark, min_residency_s)
+        self.ram = RamRoom(pool, *room) if pool is not None else None
         self.health = DiskHealth(retry_s, reopen)
         self.transfers = Transfers(durable_s)
         self.corrupt = self.written = self.dropped = self.culled = 0
@@ -89,14 +87,9 @@ class TieredStore:
 
     def _adopt(self, disk: DiskTier) -> None:
         """Indexes what ``disk`` holds (no blob is read)."""
-        for row in disk.rows():
-            with self._lock:
-                existing = self.ledger.get(row.key)
-                if existing is not None:
-                    existing.on_disk = True
-                    continue
-                fields = (row.key, row.parent, row.start, row.tokens, row.nbytes)
-                self.ledger.add(Record(*fields, on_disk=True, last_used=0.0))
+        rows = list(disk.rows())  # SQLite reads, before the lock
+        with self._lock:
+            self.ledger.adopt(rows)
 
     # the writer thread ----------------------------------------------------------------
     def _write_through(self) -> None:

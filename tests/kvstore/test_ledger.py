@@ -1,4 +1,5 @@
 from warmstart.runtime.kvstore._batches import chunk_spans
+from warmstart.runtime.kvstore._index import IndexRow
 from warmstart.runtime.kvstore._keys import chunk_key, root_key
 from warmstart.runtime.kvstore._ledger import Ledger, Record
 
@@ -82,3 +83,17 @@ def test_a_run_of_one_token_batches_is_one_chunk_of_its_own_kind() -> None:
     stepped = ledger.lookup(ROOT, [1, 2, 3, 4, 5], chunk_spans([1, 2, 3, 5]))
     assert [(h.record.key, h.end) for h in stepped] == [(key, 3)]
     assert ledger.lookup(ROOT, [1, 2, 3, 4, 5], chunk_spans([3, 5])) == []
+
+
+def test_adopting_a_disk_tiers_rows_marks_known_chunks_and_adds_the_rest_coldest() -> None:
+    ledger = Ledger(clock=lambda: 50.0)
+    (known,) = add_chain(ledger, [[1, 2]])
+    rows = [
+        IndexRow(known.key, known.parent, 0, known.tokens, known.nbytes),
+        IndexRow(b"n" * 16, known.key, 2, (3, 4), 700),
+    ]
+    ledger.adopt(rows)
+    assert known.on_disk and known.last_used == 50.0
+    new = ledger.get(b"n" * 16)
+    assert new is not None and new.on_disk and new.slot is None and new.nbytes == 700
+    assert ledger.chain(new.key) == [known, new]
