@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from warmstart.runtime.errors import DiskFull
 from warmstart.runtime.kvstore._disk import DiskTier
+from warmstart.runtime.kvstore._figures import StoreStats
 from warmstart.runtime.kvstore._pool import RamPool
 from warmstart.runtime.kvstore._store import TieredStore
 
@@ -338,3 +339,29 @@ def test_a_disk_chunk_larger_than_a_slot_is_read_into_a_buffer_of_its_own(
         assert again.stats().corrupt == 0 and again.stats().chunks == 1
     finally:
         again.close()
+
+
+def test_the_store_figures_keep_their_json_shape(tmp_path: Path) -> None:
+    """The ``store`` object of /v1/warmstart/stats is StoreStats.to_json: these keys, in
+    this order (what the store's dict said before it was a typed value)."""
+    store = make(tmp_path)
+    try:
+        put(store, store.root, 0, [1, 2], blob(1))
+        store.flush()
+        raw = store.stats().to_json()
+    finally:
+        store.close()
+    assert list(raw) == [
+        *("chunks", "ram", "disk", "pending_writes", "evictions", "demotions", "corrupt"),
+        *("disk_full", "written", "dropped", "culled", "disk_unavailable", "pressure_events"),
+        "returned_bytes",
+    ]
+    assert list(raw["ram"]) == [
+        *("chunks", "tokens", "used_bytes", "capacity_bytes", "limit_bytes", "resident_bytes"),
+        *("returnable", "slots", "memory"),
+    ]
+    assert list(raw["disk"]) == [
+        *("chunks", "tokens", "kv_bytes", "used_bytes", "degraded", "degraded_reason"),
+    ]
+    assert raw["chunks"] == raw["ram"]["chunks"] == raw["disk"]["chunks"] == raw["written"] == 1
+    assert StoreStats.from_json(raw).to_json() == raw
