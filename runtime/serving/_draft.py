@@ -25,6 +25,7 @@ from ..kvstore import LoadPlan, aligned_cuts, common_prefix, ends_through
 from ..types import Draft, DraftState, Message, Request
 from ._admit import Admitted, Prompter
 from ._pipeline import Env, Job
+from ._schedule import EndNow, Phase
 from ._sessions import derived_session_id
 from ._streams import QueueStream
 
@@ -109,7 +110,7 @@ class DraftJob(Job):
         self.ids = list(plan.ids[: plan.certain])
         self.cuts = list(plan.cuts)
         self.report.prompt_tokens = plan.prompt_tokens
-        self.background = self.captured = True  # ranks after every other kind of work
+        self.phase = Phase.DRAFTING  # ranks after every other kind of work
         self.superseded = False  # a newer draft of the conversation came (the worker)
         self.ready = 0
         self.outcome: Draft | None = None
@@ -126,7 +127,7 @@ class DraftJob(Job):
 
     @property
     def _stopped(self) -> bool:
-        return self.superseded or self.preempted or self.hurried or self.stream.cancelled
+        return self.superseded or self.turn.end is not None or self.stream.cancelled
 
     def steps(self) -> Generator[None, None, None]:
         early: DraftState | None = (
@@ -148,7 +149,8 @@ class DraftJob(Job):
             self.report.prompt_tokens = self.plan.prompt_tokens
             self.ready = have
             yield from self._fill(res, have)
-            if not (self.superseded or self.preempted):  # they go on in this sequence
+            # a newer draft or the next request goes on in this sequence
+            if not (self.superseded or self.turn.end is EndNow.FOR_FOLLOWUP):
                 self._keep(res, ends_through(self.cuts, self.ready))
             self._end(self._state())
             yield from self._rehome(displaced)

@@ -1,9 +1,10 @@
 """One request on the worker thread: claim a sequence, restore what pays, prefill the
 rest, stream the reply, then keep what was computed.
 
-``Job.steps()`` is a generator: each ``next()`` does a bounded piece of work (one
-prefill batch, one token), so the worker interleaves requests of different
-conversations fairly.
+``Job.steps()`` is a generator: each ``Job.advance`` runs a bounded piece of it (one
+prefill batch, one token) under the worker's ``Turn`` for that step, so the worker
+interleaves requests of different conversations fairly. The job says where it stands
+in ``phase`` (_schedule.py), and never reads the worker's state.
 
 Every prefill of a prompt, cold or cached, computes the same batches
 (:func:`~runtime.kvstore._batches.batch_cuts`), and a prefix is kept or restored only up
@@ -39,6 +40,7 @@ from ..kvstore import (
 )
 from ..policy import Rates, Tuning, decide_restore
 from ..types import Message, Report, TokenLogprob
+from ._schedule import CONTENDED_BATCH_TOKENS, CONTENDED_PIECE_TOKENS, EndNow, Phase, Turn
 from ._streams import QueueStream
 
 if TYPE_CHECKING:
@@ -47,11 +49,6 @@ if TYPE_CHECKING:
     from ._sessions import SessionBook
 
 log = logging.getLogger(__name__)
-# while a client waits that would go first, a prompt's decodes hold at most this many
-# tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
-CONTENDED_BATCH_TOKENS = 128
-# and a longer batch goes in pieces of about this many (see kvstore.piece_end)
-CONTENDED_PIECE_TOKENS = 64
 # The first token is handed to its reader (the server writes it to the socket) before
 # the second one's decode starts, waited for at most this long. Otherwise the decode's
 # threads fill every core and the event loop, woken to send the token, waited 3 to 5 ms
@@ -103,35 +100,41 @@ class Job:
         # a request with tools: the reply read back as text and tool calls
         self.tools = admitted.tools
         self.reply_message: Message | None = None
-        self.background = False  # the client has its answer: what is left can wait
-        self.answered_at: float | None = None  # when it did (time.monotonic())
-        # in the prompt's prefill: a cancel stops the decode in progress (see core)
-        self.prefilling = False
-        # what the worker ranks it by (_worker.py): the prompt's tokens left to compute
-        # before its first token (0 until its first step has found what is cached), and
-        # whether its reply is being decoded
+        # what the worker sees of it (_schedule.py): where it stands, the prompt's
+        # tokens left to compute before its first token (0 until its first step has
+        # found what is cached), when its client got the answer (time.monotonic())
+        self.phase = Phase.WAITING
         self.to_prefill = 0
-        self.streaming = False
-        # another client waits that would go first (a hit, a request not looked at
-        # yet): batches are merged less, so that the worker can turn to it sooner
-        # (set by the worker before each step: Worker._holds_up)
-        self.contended = False
-        # the conversation's next request is here: what is left of the reply (its
-        # end-of-turn steps) is that request's own prefill (it continues in the same
-        # sequence, in the same batches), so it is skipped; the capture of the
-        # prompt's chunks is not
-        self.preempted = False
-        # requests wait for its sequence: what is left after the reply stores what was
-        # computed and decodes nothing (the worker's _make_room)
-        self.hurried = False
-        self.captured = False  # the prompt's chunks are kept (after the reply)
+        self.answered_at: float | None = None
         # the reply's next token, for the worker to decode before the job's next step
-        # (alone, or in one batch with other replies' tokens: Tuning.decode_batch);
-        # the worker leaves that token's next-token logits in ``decoded`` (None: they
-        # are the context's last ones)
+        # (alone, or in one batch with other replies' tokens: Tuning.decode_batch)
         self.next_step: tuple[Resident, int] | None = None
-        self.decoded: np.ndarray | None = None
+        self.turn = Turn()  # what the worker decided for the step in progress
+        self._steps: Generator[None, None, None] | None = None
         self.t0 = time.perf_counter()
+
+    def advance(self, turn: Turn, error: BaseException | None = None) -> bool:
+        """Runs the job's next step as the worker decided (``error``: raised in it
+        instead, where the decode it asked for failed); False once it has ended."""
+        self.turn = turn
+        if self._steps is None:
+            self._steps = self.steps()
+        try:
+            if error is not None:
+                self._steps.throw(error)
+            else:
+                next(self._steps)
+        except StopIteration:
+            self.phase = Phase.DONE
+            return False
+        except BaseException:
+            self.phase = Phase.DONE
+            raise
+        return True
+
+    def _answered(self, phase: Phase) -> None:
+        """The client has its answer (``stream.finish``): what is left can wait."""
+        self.phase, self.answered_at = phase, time.monotonic()
 
     def steps(self) -> Generator[None, None, None]:
         # a request without the cache (or a runtime without a store) starts cold: it
@@ -139,7 +142,7 @@ class Job:
         share = self.request.use_cache and self.env.store is not None
         with self._claimed(self.cuts, share) as (res, have, displaced):
             self._explain(have)
-            self.to_prefill = len(self.ids) - have
+            self.to_prefill, self.phase = len(self.ids) - have, Phase.PREFILLING
             yield
             t1 = time.perf_counter()
             # the same prompt again, live: its first token comes from the logits kept
@@ -154,8 +157,7 @@ class Job:
             self._save_session(None, len(res.tokens))
             self._remember()
             self.stream.finish(self.report, self.reply_message)
-            self.background = True
-            self.answered_at = time.monotonic()
+            self._answered(Phase.CAPTURING)
             yield
             yield from self._after_reply(res)
             yield from self._rehome(displaced)
@@ -202,11 +204,7 @@ class Job:
             stop, bound = self._next_decode(res.batched, have)
             last, done = stop == len(self.ids), False
             if not self.stream.cancelled:
-                self.prefilling = True
-                try:
-                    done = engine.prefill(res, self.ids[have:stop], last, bound)
-                finally:
-                    self.prefilling = False
+                done = engine.prefill(res, self.ids[have:stop], last, bound)
             have = stop if done else have
             if self.stream.cancelled:  # the client went away: stop paying for its prompt
                 yield from self._cancelled_in_prefill(res, have)
@@ -242,7 +240,7 @@ class Job:
         if self.env.store is not None and self.promotions is not None:
             self.env.store.promote(self.promotions.to_promote(self.n_promoted))
         leaf = self._keep(res, self.cuts[:-1])
-        self.captured = True
+        self.phase = Phase.SETTLING
         leaf = (yield from self._settle(res)) or leaf
         self._save_session(leaf, len(res.tokens), kept=True)
 
@@ -256,7 +254,7 @@ class Job:
             return
         yield
         home = next((r for r in engine.residents if not (r.busy or r.tokens)), None)
-        if self.hurried or self.preempted or home is None:
+        if self.turn.end is not None or home is None:
             return  # requests wait (or came for the sequences): they go first
         tokens, bounds, session = displaced
         plan = store.prepare_load(tokens, bounds, scope=self.request.cache_scope)
@@ -284,8 +282,7 @@ class Job:
             self.env.engine.trim(res, res.batched)
         self._save_session(None, len(res.tokens))
         self.stream.finish(self.report)
-        self.background = True
-        self.answered_at = time.monotonic()
+        self._answered(Phase.CAPTURING)
         yield
         leaf = self._keep(res, ends_through(self.cuts[:-1], have))
         if leaf is not None:
@@ -317,7 +314,7 @@ class Job:
         (0: whole; see ``kvstore.piece_end``): fewer while another client waits that
         would go first, so that the worker can turn to it sooner."""
         most = self.env.tuning.merge_batch_tokens
-        if not self.contended:
+        if not self.turn.contended:
             return most, 0
         return min(most, CONTENDED_BATCH_TOKENS), CONTENDED_PIECE_TOKENS
 
@@ -419,7 +416,7 @@ class Job:
         finish = "length"
         token, logprob = self._sample(sampler, kept)
         self.report.ttft_ms = 1000 * (time.perf_counter() - self.t0)
-        self.to_prefill, self.streaming = 0, True
+        self.to_prefill, self.phase = 0, Phase.DECODING
         while True:
             if self.stream.cancelled:
                 finish = "cancelled"
@@ -438,8 +435,8 @@ class Job:
                 self.stream.wait_handled(HANDOFF_S)
             self.next_step = (res, token)
             yield  # the worker decodes it, alone or with other replies' tokens
-            token, logprob = self._sample(sampler, self.decoded)
-            self.decoded = None
+            self.next_step = None
+            token, logprob = self._sample(sampler, self.turn.decoded)
         self.stream.put_token(text.flush())
         self.report.completion_tokens = n
         self.report.finish_reason = finish  # type: ignore[assignment]
@@ -502,13 +499,13 @@ class Job:
         the template renders it, is tokenized otherwise than it was sampled. The next
         prompt is this one's messages and the reply, as the template renders them; a
         client that sends the history back otherwise reuses less, never wrong KV."""
-        if self.preempted:  # the next turn is here and prefills what is left itself
+        if self.turn.end is EndNow.FOR_FOLLOWUP:  # it prefills what is left itself
             return None
         if not (self.cached and len(res.tokens) > len(self.ids)):
             return None
         target, cuts = self._next_prompt(res)
         plan = reply_plan(res.bounds, res.tokens, target, cuts, len(self.ids))
-        if self.hurried:  # the reply as decoded, which the next turn's prompt shares
+        if self.turn.end is EndNow.FOR_ROOM:  # the reply as decoded (the next turn shares it)
             held = self._close_reply(res, plan)
             return self._keep(res, ends_through(res.bounds, held))
         if not plan.cuts:
@@ -519,7 +516,7 @@ class Job:
             batch = target[keep : ends[-1]]
             while True:  # a request that arrives stops the batch; it is redone after it
                 yield
-                if self.preempted:
+                if self.turn.end is EndNow.FOR_FOLLOWUP:
                     return None
                 if engine.prefill(res, batch, want_logits=False, ends=ends):
                     break
@@ -535,7 +532,7 @@ class Job:
         self.env.engine.trim(res, plan.reused)
         last = plan.target[plan.reused : plan.closing]
         if not self.env.engine.prefill(res, last, want_logits=False):
-            return plan.reused  # (a hurried job runs under the worker's lock: nothing stops it)
+            return plan.reused  # (nothing interrupts a job the worker ends at once)
         return plan.closing
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:

@@ -1,15 +1,18 @@
 """The worker: the one thread that owns the engine (llama.cpp's context is not
 thread-safe), and the queue it serves.
 
-Requests wait in arrival order and are admitted while a resident sequence is free;
-the worker then advances every admitted request one bounded step at a time, round
-robin, so conversations are served fairly. A step of a reply being decoded takes the
-other replies waiting for their next token along: up to ``decode_batch`` tokens are
-decoded in one llama.cpp batch (where the calibration proved each reply then gets the
-bits it gets alone), and each reply samples from its own logits. Work whose client
-already has its answer (the capture of a prompt's chunks, the steps that settle a
-reply) yields to any request whose client waits, and a request that arrives interrupts
-such work's decode at once.
+Requests wait and are admitted while a resident sequence is free (users in turn);
+the worker then advances every admitted request one bounded step at a time, in the
+order the rules of _schedule.py give (round robin among equals), so conversations
+are served fairly; what it decided for a step goes to the job as a ``Turn``. A step
+of a reply being decoded takes the other replies waiting for their next token along:
+up to ``decode_batch`` tokens are decoded in one llama.cpp batch (where the
+calibration proved each reply then gets the bits it gets alone), and each reply
+samples from its own logits. Work whose client already has its answer (the capture of
+a prompt's chunks, the steps that settle a reply) yields to any request whose client
+waits, and a request that arrives interrupts such work's decode at once. ``lock`` is
+what HTTP threads take to admit a request: the worker holds it for its bookkeeping
+only, never while a job computes.
 
 After each step the worker publishes a frozen view (_view.py) of the resident
 sequences, its counters and recent events: readers on other threads take that view,
@@ -23,50 +26,39 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+import numpy as np
 
 from ..engine import Engine
 from ..errors import EngineError
 from ..types import TIERS
 from ._draft import DraftJob
 from ._pipeline import Job
+from ._schedule import (
+    EndNow,
+    JobView,
+    Phase,
+    Turn,
+    ended_for_room,
+    holds_up,
+    next_admission,
+    overdue,
+    rank,
+)
 from ._streams import QueueStream
 from ._view import ViewBook, WorkerView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Steps = Generator[None, None, None]
-Active = collections.deque[tuple[Job, Steps]]
-
-_WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
-# a reply being decoded waits about this long for its next token while other requests'
-# prompts are prefilled (a decode step is tens of milliseconds), or for the end of the
-# decode in progress when that is longer (a burst of cold prompts: see _holds_up)
-STALL_S = 0.25
-# and a prompt waits at most this long for its next batch while shorter ones go first
-STARVE_S = 5.0
+Active = collections.deque[Job]
 # while a request runs, the view is made anew at most this often (and whenever a
 # client got its answer, a job ended, and before the worker is idle): copying the
 # residents' tokens after every step took 60 us of a 13 ms decode step, on the thread
 # the next step waits for
 PUBLISH_S = 0.05
-
-
-def _rank(job: Job, now: float, stepped: dict[int, float]) -> tuple[int, float]:
-    """Which work goes first: a client still waiting, then captures, then the rest.
-    Among waiting clients, the prompt with the fewest tokens left to compute before its
-    first token (a cache hit's few, not another's cold prefill, as llama-server's
-    continuous batching serves both at once), then replies being decoded; but a reply
-    that waited STALL_S for its next token, or a prompt STARVE_S for its next batch,
-    goes first, and so does a request's first step (it finds out what is cached)."""
-    if job.background:
-        return (_ANSWERED if job.captured else _ANSWERED_UNCAPTURED), 0.0
-    waited = now - stepped.get(id(job), now)
-    if job.streaming:
-        return _WAITED_ON, 0.0 if waited >= STALL_S else math.inf
-    return _WAITED_ON, 0.0 if waited >= STARVE_S else float(job.to_prefill)
 
 
 class Worker:
@@ -196,7 +188,7 @@ class Worker:
         keeps nothing, instead of running to its end before the cancel is seen."""
         with self._cv:
             job = self._stepping
-            if job is not None and job.stream is stream and job.prefilling:
+            if job is not None and job.stream is stream and job.phase is Phase.PREFILLING:
                 self._aborting = True
                 self.engine.interrupt(True)
 
@@ -238,14 +230,15 @@ class Worker:
                     self._drop_drafts()
                 if self.closing and not active and not self._calls and not self.waiting:
                     return
-                self._preempt_for_followups(active)
-                self._make_room(active)
+                ending = self._preempt_for_followups(active) + self._make_room(active)
                 while self.waiting and len(active) < self._slots:
-                    job = self._next_waiting(active)
-                    active.append((job, job.steps()))
+                    active.append(self._next_waiting(active))
                 self._start_draft(active)
                 calls = list(self._calls)
                 self._calls.clear()
+            # the lock is the HTTP threads' (admission): the work runs without it
+            for job, why in ending:  # before any step: the jobs admitted take their sequences
+                self._end_now(job, why)
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -262,24 +255,18 @@ class Worker:
                 if not active and not self.waiting and not self.drafts:
                     self._idle.set()
 
+    def _seen(self, job: Job) -> JobView:
+        """``job`` as the rules (_schedule.py) see it."""
+        return JobView(job.phase, job.to_prefill, self._stepped.get(id(job)), job.answered_at)
+
     def _next_waiting(self, active: Active) -> Job:
-        """(lock held) Takes the next request to admit: users in turn (the owner with
-        the fewest requests being answered, then the one admitted longest ago), each
-        user's requests in arrival order. One user's burst (an agent loop) then waits
-        behind itself, not in front of everyone else; with one user it is the queue's
-        order."""
-        answering = collections.Counter(j.request.owner for j, _ in active if not j.background)
-        last = self._admitted_at
-
-        def turn(i: int) -> tuple[int, int, int]:
-            owner = self.waiting[i].request.owner
-            return answering[owner], last.get(owner, -1), i
-
-        best = min(range(len(self.waiting)), key=turn)
+        """(lock held) Takes the next request to admit (``next_admission``)."""
+        answering = collections.Counter(j.request.owner for j in active if j.phase.client_waits)
+        best = next_admission([j.request.owner for j in self.waiting], answering, self._admitted_at)
         job = self.waiting[best]
         del self.waiting[best]
         self._admissions += 1
-        last[job.request.owner] = self._admissions
+        self._admitted_at[job.request.owner] = self._admissions
         return job
 
     def waiting_of(self, owner: str) -> int:
@@ -288,24 +275,13 @@ class Worker:
 
     def _clients_wait(self, active: Active) -> bool:
         """(lock held) A request is queued, or one in ``active`` has a client waiting."""
-        return bool(self.waiting) or any(not j.background for j, _ in active)
+        return bool(self.waiting) or any(j.phase.client_waits for j in active)
 
     def _holds_up(self, job: Job, active: Active) -> bool:
         """(lock held) Whether a long decode of ``job``'s prompt would hold up another
-        client's first token: a request is queued, or an admitted one not looked at yet
-        (either may be a hit), or one whose prompt has fewer tokens left to compute
-        (it goes first as soon as the worker turns: a hit is not held up by another's
-        cold prefill). Then ``job`` prefills in short decodes and pieces (see
-        ``Job.contended``). Prompts with as many tokens left or more would wait for it
-        anyway, and a reply being decoded gets its next token between two decodes: a
-        burst of cold prompts is prefilled in whole merged batches, as fast as alone."""
-        if self.waiting:
-            return True
-        return any(
-            not (other.background or other.streaming)
-            and (id(other) not in self._stepped or other.to_prefill < job.to_prefill)
-            for other, _ in active
-        )
+        client's first token (``holds_up``: ``active`` holds the others)."""
+        others = [self._seen(other) for other in active]
+        return holds_up(self._seen(job), others, bool(self.waiting))
 
     def _set_busy(self, busy: bool) -> None:
         """(lock held) Tells ``on_busy`` when a client starts or stops waiting."""
@@ -313,31 +289,32 @@ class Worker:
             self._on_busy(busy)
         self._busy = busy
 
-    def _preempt_for_followups(self, active: Active) -> None:
-        """A conversation's next request is waiting (an agent loop, a client that sends
-        the follow-up at once): what is left of settling the previous reply is what
-        that request prefills anyway, in the same batches, so the old job ends now (its
-        prompt's chunks captured, its session saved) instead of making the new one
-        wait."""
+    def _preempt_for_followups(self, active: Active) -> list[tuple[Job, EndNow]]:
+        """(lock held) A conversation's next request is waiting (an agent loop, a client
+        that sends the follow-up at once): what is left of settling the previous reply
+        is what that request prefills anyway, in the same batches, so the old job is
+        taken out of ``active`` to end now (its prompt's chunks captured, its session
+        saved) instead of making the new one wait. So is a draft the request continues."""
         waiting = {j.admitted.session_id for j in self.waiting if j.admitted.session_id}
-        for job, steps in list(active):
+        ended = []
+        for job in list(active):
             if isinstance(job, DraftJob):
-                if any(job.continued_by(other) for other in self.waiting):
-                    job.preempted = True
-                    self._end_now(active, job, steps)
-            elif job.background and job.admitted.session_id in waiting:
-                job.preempted = True
-                self._end_now(active, job, steps)
+                followed = any(job.continued_by(other) for other in self.waiting)
+            else:
+                followed = not job.phase.client_waits and job.admitted.session_id in waiting
+            if followed:
+                ended.append(self._take(active, job, EndNow.FOR_FOLLOWUP))
+        return ended
 
     def _start_draft(self, active: Active) -> None:
         """(lock held) The oldest draft starts while no client waits and a sequence
         is free: it never holds up a request, and yields to one that comes."""
         if self.drafts and not self._clients_wait(active) and len(active) < self._slots:
             job = self.drafts[0]
-            if any(isinstance(j, DraftJob) and j.key == job.key for j, _ in active):
+            if any(isinstance(j, DraftJob) and j.key == job.key for j in active):
                 return  # the one it supersedes ends first: it goes on in that sequence
             self.drafts.popleft()
-            active.append((job, job.steps()))
+            active.append(job)
 
     def _drop_drafts(self) -> None:
         """(lock held) Closing: the drafts not started end as superseded."""
@@ -346,26 +323,30 @@ class Worker:
             job.superseded = True
             job.end_unstarted()
 
-    def _make_room(self, active: Active) -> None:
-        """Requests wait and every resident sequence is taken: work whose client has its
-        answer ends now, its captures first (what is left of them is least), so that
-        its sequence serves a waiting request instead of the queue waiting behind
-        work that only runs while no client waits. What it computed is stored as it
-        stands, the reply as it was decoded; nothing more is decoded (the next turn
-        prefills the reply's end-of-turn markup itself)."""
+    def _make_room(self, active: Active) -> list[tuple[Job, EndNow]]:
+        """(lock held) Requests wait and every resident sequence is taken: work whose
+        client has its answer is taken out of ``active`` to end now (``ended_for_room``),
+        so that its sequence serves a waiting request instead of the queue waiting
+        behind work that only runs while no client waits. A reply not settled yet is
+        stored as it was decoded (the next turn prefills its end-of-turn markup itself),
+        but for the last token of a reply max_tokens cut (``Job._close_reply``); a
+        settle in progress finishes its batches."""
         short = len(self.waiting) - (self._slots - len(active))
-        answered = sorted((e for e in active if e[0].background), key=lambda e: not e[0].captured)
-        for job, steps in answered[: max(short, 0)]:
-            job.hurried = True
-            self._end_now(active, job, steps)
+        picked = ended_for_room([self._seen(job) for job in active], short)
+        return [self._take(active, job, EndNow.FOR_ROOM) for job in [active[i] for i in picked]]
 
-    def _end_now(self, active: Active, job: Job, steps: Steps) -> None:
-        """(lock held) Runs what is left of a job whose client has its answer, at once."""
+    def _take(self, active: Active, job: Job, why: EndNow) -> tuple[Job, EndNow]:
+        """(lock held) Takes ``job`` out of ``active``, to be ended now (``_end_now``)."""
         self.counters["preempted"] += 1
         self._views.event("preempted", job.report.session_id)
-        active.remove((job, steps))
+        active.remove(job)
+        return job, why
+
+    def _end_now(self, job: Job, why: EndNow) -> None:
+        """Runs what is left of a job whose client has its answer, at once, without the
+        lock: its captures, and what ``why`` leaves of its settling (see ``EndNow``)."""
         try:
-            for _ in steps:  # what is left is the capture: no decode runs now
+            while job.advance(Turn(end=why)):
                 pass
         except Exception:
             log.exception("a preempted request failed while it ended")
@@ -385,86 +366,68 @@ class Worker:
         half = self._durable_s / 2
         if half == math.inf or now - self._forced_at < half:
             return
-        overdue = [
-            job
-            for job, _ in active
-            if job.background
-            and not job.captured
-            and job.answered_at is not None
-            and now - job.answered_at >= half
-        ]
-        if overdue and self._clients_wait(active):
+        late = [active[i] for i in overdue([self._seen(job) for job in active], now, half)]
+        if late and self._clients_wait(active):
             self._forced_at = now
-            self.counters["overdue_captures"] += len(overdue)
-            for job in overdue:
+            self.counters["overdue_captures"] += len(late)
+            for job in late:
                 self._step(active, job)
 
     def _step(self, active: Active, chosen: Job | None = None) -> None:
-        """One step of the job that goes first, or of ``chosen``."""
+        """One step of the job that goes first (``rank``), or of ``chosen``."""
         # work whose client already has its answer (capture, settling a reply) waits
         # while any request still has a client waiting; among it, captures come first:
         # a request that shares a prompt finds its chunks stored sooner, whatever
         # settling is queued
-        now = time.perf_counter()
-        first = min(range(len(active)), key=lambda i: _rank(active[i][0], now, self._stepped))
+        now = time.monotonic()
+        first = min(range(len(active)), key=lambda i: rank(self._seen(active[i]), now))
         if chosen is not None:
-            first = next(i for i, (job, _) in enumerate(active) if job is chosen)
+            first = active.index(chosen)
         active.rotate(-first)  # the others keep their round-robin order
-        job, steps = active.popleft()
-        with self._cv:  # (enqueue changes waiting under the lock)
-            job.contended = self._holds_up(job, active)
+        job = active.popleft()
         if job.next_step is None:
-            self._resume(active, job, steps)
+            with self._cv:  # (enqueue changes waiting under the lock)
+                turn = Turn(contended=self._holds_up(job, active))
+            self._resume(active, job, turn)
             return
-        group = [(job, steps)]
-        group += [e for e in active if e[0].next_step is not None][: self._decode_batch - 1]
-        for entry in group[1:]:
-            active.remove(entry)
-        error = self._decode(group)
-        for other, its_steps in group:
-            self._resume(active, other, its_steps, error)
+        group = [job]
+        group += [j for j in active if j.next_step is not None][: self._decode_batch - 1]
+        for other in group[1:]:
+            active.remove(other)
+        logits, error = self._decode(group)
+        for other, decoded in zip(group, logits, strict=True):
+            self._resume(active, other, Turn(decoded=decoded), error)
 
-    def _decode(self, group: list[tuple[Job, Steps]]) -> BaseException | None:
-        """The next token of each reply of ``group``: one decode for them all; the
-        failure, if any, is every one's."""
-        pairs = []
-        for job, _ in group:
-            assert job.next_step is not None
-            pairs.append(job.next_step)
-            job.next_step = None
+    def _decode(self, group: list[Job]) -> tuple[list[np.ndarray | None], BaseException | None]:
+        """The next token of each reply of ``group``: one decode for them all. Returns
+        each one's next-token logits (None: the context's last ones), and the failure,
+        if any, which is every one's."""
+        pairs = [job.next_step for job in group if job.next_step is not None]
+        alone: list[np.ndarray | None] = [None] * len(group)
         try:
             if len(pairs) == 1:
                 self.engine.step(*pairs[0])  # its logits are the context's last ones
-                return None
-            for (job, _), logits in zip(group, self.engine.step_many(pairs), strict=True):
-                job.decoded = logits
+                return alone, None
+            logits: list[np.ndarray | None] = list(self.engine.step_many(pairs))
         except Exception as exc:
-            return exc
+            return alone, exc
         self.counters["batched_steps"] += 1
         self.counters["batched_tokens"] += len(pairs)
-        return None
+        return logits, None
 
     def _resume(
-        self,
-        active: Active,
-        job: Job,
-        steps: Steps,
-        error: BaseException | None = None,
+        self, active: Active, job: Job, turn: Turn, error: BaseException | None = None
     ) -> None:
-        """Runs the job's next step (``error``: raised in it instead, where its decode
-        failed) and puts it back at the end of the round, or accounts for its end."""
-        background = job.background and self._mark_background(True)
+        """Runs the job's next step under ``turn`` (``error``: raised in it instead,
+        where its decode failed) and puts it back at the end of the round, or accounts
+        for its end."""
+        answered = not job.phase.client_waits
+        background = answered and self._mark_background(True)
         with self._cv:
             self._stepping = job
-        answered = job.background
         try:
-            if error is not None:
-                steps.throw(error)
-            next(steps)
-            self._changed |= job.background != answered
-        except StopIteration:
-            self._account(job)
-            return
+            going = job.advance(turn, error)
+            self._changed |= job.phase.client_waits == answered
         except Exception as exc:
             log.exception("request failed")
             self._stepped.pop(id(job), None)
@@ -476,8 +439,11 @@ class Worker:
             if background:
                 self._mark_background(False)
             self._end_step()
-        self._stepped[id(job)] = time.perf_counter()
-        active.append((job, steps))
+        if not going:
+            self._account(job)
+            return
+        self._stepped[id(job)] = time.monotonic()
+        active.append(job)
 
     def _end_step(self) -> None:
         with self._cv:
@@ -499,8 +465,9 @@ class Worker:
         self._stepped.pop(id(job), None)
         self._changed = True
         if isinstance(job, DraftJob):  # no request: its tokens count when one comes
-            if self._latest.get(job.key) is job:
-                del self._latest[job.key]
+            with self._cv:  # (enqueue_draft puts a newer one there under the lock)
+                if self._latest.get(job.key) is job:
+                    del self._latest[job.key]
             self.counters["drafts"] += 1
             return
         r = job.report

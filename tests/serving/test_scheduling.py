@@ -5,7 +5,6 @@ STALL_S, and work whose client has its answer waits for both."""
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -14,34 +13,33 @@ from types import SimpleNamespace
 
 import pytest
 from warmstart.runtime.engine._fake import FakeEngine, FakeOptions
-from warmstart.runtime.serving import _worker
-from warmstart.runtime.serving._worker import Worker, _rank
+from warmstart.runtime.serving import _schedule as rules
+from warmstart.runtime.serving._schedule import EndNow, JobView, Phase, Turn
+from warmstart.runtime.serving._worker import Worker
 from warmstart.runtime.types import TIERS, Message, Request, Sampling
 
 from tests.conftest import fake_runtime
 
-
-def _job(**state: object) -> SimpleNamespace:
-    values: dict[str, object] = dict(
-        background=False, captured=False, streaming=False, to_prefill=0, contended=False
-    )
-    return SimpleNamespace(**{**values, **state})
+NOW = 100.0
 
 
 def test_the_shortest_prompt_goes_first_and_a_stalled_reply_before_it() -> None:
-    now, stepped = 100.0, {}
-    cold, hit = _job(to_prefill=1800), _job(to_prefill=15)
-    fresh = _job()  # its first step finds out what is cached
-    reply = _job(streaming=True)
-    answered, capture = _job(background=True, captured=True), _job(background=True)
-    ranked = sorted(
-        [cold, hit, fresh, reply, answered, capture], key=lambda j: _rank(j, now, stepped)
-    )
+    def first(*jobs: JobView) -> JobView:
+        return min(jobs, key=lambda j: rules.rank(j, NOW))
+
+    cold = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW)
+    hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=NOW)
+    fresh = JobView(Phase.WAITING)  # its first step finds out what is cached
+    reply = JobView(Phase.DECODING, stepped_at=NOW)
+    answered, capture = JobView(Phase.SETTLING), JobView(Phase.CAPTURING)
+    draft = JobView(Phase.DRAFTING)
+    ranked = sorted([cold, hit, fresh, reply, answered, capture], key=lambda j: rules.rank(j, NOW))
     assert ranked == [fresh, hit, cold, reply, capture, answered]
-    stepped[id(reply)] = now - _worker.STALL_S  # it waited long enough for its next token
-    assert min([cold, hit, reply], key=lambda j: _rank(j, now, stepped)) is reply
-    stepped[id(cold)] = now - _worker.STARVE_S  # and a long prompt is not starved
-    assert _rank(cold, now, stepped) < _rank(hit, now, stepped)
+    assert rules.rank(draft, NOW) == rules.rank(answered, NOW)
+    # a reply that waited long enough for its next token, a prompt long enough for its batch
+    stalled = JobView(Phase.DECODING, stepped_at=NOW - rules.STALL_S)
+    starved = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW - rules.STARVE_S)
+    assert first(cold, hit, stalled) is stalled and first(hit, starved) is starved
 
 
 def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
@@ -50,44 +48,102 @@ def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
     other cold prompts and replies being decoded it goes in whole merged batches (a
     burst of cold prompts then takes what each alone takes: in 64-token pieces, 448
     tokens took 9% longer)."""
-    job = _job(to_prefill=440)
-    cold, hit, fresh = _job(to_prefill=450), _job(to_prefill=15), _job()
-    reply, answered = _job(streaming=True), _job(background=True)
-    stepped = {id(j): 0.0 for j in (job, cold, hit, reply, answered)}
+    job = JobView(Phase.PREFILLING, to_prefill=440, stepped_at=0.0)
+    cold = JobView(Phase.PREFILLING, to_prefill=450, stepped_at=0.0)
+    hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=0.0)
+    fresh = JobView(Phase.WAITING)
+    reply, answered = JobView(Phase.DECODING, stepped_at=0.0), JobView(Phase.CAPTURING)
+    draft = JobView(Phase.DRAFTING)
+    assert not rules.holds_up(job, [cold, reply, answered, draft], queued=False)
+    assert rules.holds_up(job, [cold, hit], queued=False)
+    assert rules.holds_up(job, [reply, fresh], queued=False)
+    assert rules.holds_up(job, [cold], queued=True)
 
-    def holds(*others: SimpleNamespace, queued: tuple[SimpleNamespace, ...] = ()) -> bool:
-        worker = SimpleNamespace(waiting=collections.deque(queued), _stepped=stepped)
-        active = collections.deque((o, iter(())) for o in others)
-        return bool(Worker._holds_up(worker, job, active))  # type: ignore[arg-type]
 
-    assert not holds(cold, reply, answered)
-    assert holds(cold, hit) and holds(reply, fresh) and holds(cold, queued=(fresh,))
+def test_room_is_made_from_answered_work_what_is_captured_first() -> None:
+    """Requests wait and every sequence is taken: work whose client has its answer ends
+    now, what has least left first (captured, then not), and only as much as is short;
+    a client still waiting is never ended."""
+    jobs = [
+        JobView(Phase.DECODING),
+        JobView(Phase.CAPTURING),
+        JobView(Phase.SETTLING),
+        JobView(Phase.PREFILLING),
+        JobView(Phase.DRAFTING),
+    ]
+    assert rules.ended_for_room(jobs, 0) == rules.ended_for_room(jobs, -2) == []
+    assert rules.ended_for_room(jobs, 2) == [2, 4]
+    assert rules.ended_for_room(jobs, 9) == [2, 4, 1]
+
+
+def test_only_uncaptured_answers_past_the_interval_are_overdue() -> None:
+    jobs = [
+        JobView(Phase.CAPTURING, answered_at=NOW - 10),
+        JobView(Phase.CAPTURING, answered_at=NOW - 1),
+        JobView(Phase.SETTLING, answered_at=NOW - 10),
+        JobView(Phase.DECODING),
+    ]
+    assert rules.overdue(jobs, NOW, 5.0) == [0]
+    assert rules.overdue(jobs, NOW, 1.0) == [0, 1]
+
+
+def test_users_are_admitted_in_turn_each_ones_requests_in_order() -> None:
+    """The owner with the fewest requests being answered goes first, then the one
+    admitted longest ago; one user's burst waits behind itself."""
+    owners = ["agent", "agent", "alice", "agent", "bob"]
+    assert rules.next_admission(owners, {}, {}) == 0  # nobody answered yet: arrival order
+    assert rules.next_admission(owners, {"agent": 1}, {"agent": 1}) == 2
+    answering, admitted = {"agent": 1, "alice": 1}, {"agent": 1, "alice": 2}
+    assert rules.next_admission(owners, answering, admitted) == 4
+    assert rules.next_admission(owners, {}, {"agent": 1, "alice": 2, "bob": 3}) == 0
+    assert rules.next_admission(["bob", "bob"], {"bob": 3}, {"bob": 7}) == 0
 
 
 class _Job:
     """What the worker steps: a prompt of ``batches`` batches of ``size`` tokens, then a
-    reply of ``tokens`` tokens; each step is noted in ``log``."""
+    reply of ``tokens`` tokens; each step is noted in ``log``, and each turn's ending
+    in ``ends``."""
 
     def __init__(
-        self, name: str, batches: int, size: int, tokens: int, log: list[str], delay: float = 0
+        self,
+        name: str,
+        batches: int,
+        size: int,
+        tokens: int,
+        log: list[str],
+        delay: float = 0,
+        release: threading.Event | None = None,
     ) -> None:
         self.name, self.batches, self.size, self.tokens, self.log = name, batches, size, tokens, log
         self.delay = delay  # seconds a batch takes
-        self.background = self.captured = self.streaming = self.preempted = False
-        self.hurried = False
-        self.prefilling = self.contended = False
+        self.phase, self.to_prefill = Phase.WAITING, 0
+        self.answered_at: float | None = None
         self.next_step = None  # a reply token for the worker to decode (none here)
-        self.to_prefill = 0
+        self.turn = Turn()
+        self.ends: set[EndNow | None] = set()
         self.admitted = SimpleNamespace(session_id=None)
         self.request = SimpleNamespace(owner="")  # one user: served in arrival order
         self.report = SimpleNamespace(
             prompt_tokens=0, completion_tokens=0, restored=dict.fromkeys(TIERS, 0), session_id=None
         )
         self.done = threading.Event()
+        # set when its capture starts, which then waits for ``release`` (when given)
+        self.capturing, self.release = threading.Event(), release
+        self._steps = self.steps()
+
+    def advance(self, turn: Turn, error: BaseException | None = None) -> bool:
+        self.turn = turn
+        self.ends.add(turn.end)
+        try:
+            next(self._steps)
+        except StopIteration:
+            self.phase = Phase.DONE
+            return False
+        return True
 
     def steps(self) -> Iterator[None]:
         self.log.append(f"{self.name} claim")
-        self.to_prefill = self.batches * self.size
+        self.to_prefill, self.phase = self.batches * self.size, Phase.PREFILLING
         yield
         for left in range(self.batches - 1, -1, -1):
             self.log.append(f"{self.name} batch")
@@ -95,15 +151,19 @@ class _Job:
             self.to_prefill = left * self.size
             if left:
                 yield
-        self.streaming = True
+        self.phase = Phase.DECODING
         self.log.append(f"{self.name} first token")
         for _ in range(self.tokens):
             yield
-        self.background = True
+        self.phase, self.answered_at = Phase.CAPTURING, time.monotonic()
         self.done.set()
         yield
-        self.log.append(f"{self.name} capture" + (" (hurried)" if self.hurried else ""))
-        self.captured = True
+        self.capturing.set()
+        if self.release is not None:
+            assert self.release.wait(30)
+        hurried = self.turn.end is EndNow.FOR_ROOM
+        self.log.append(f"{self.name} capture" + (" (hurried)" if hurried else ""))
+        self.phase = Phase.SETTLING
         yield
         self.log.append(f"{self.name} settled")
 
@@ -131,11 +191,14 @@ def test_a_short_prompt_is_not_held_up_by_a_long_one() -> None:
 def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
     """Every sequence is taken, one by work whose client has its answer: that work
     ends now (captured as it stands) and the waiting request takes its sequence,
-    instead of waiting behind it, which runs only while no client waits."""
+    instead of waiting behind it, which runs only while no client waits. What ends
+    now (a capture: a KV snapshot) runs without the worker's lock, so an HTTP thread
+    admitting another request meanwhile does not wait behind it."""
     engine = FakeEngine(1024, 2, FakeOptions())
     worker = Worker(engine, 2)
     log: list[str] = []
-    first = _Job("first", batches=1, size=16, tokens=1, log=log)
+    release = threading.Event()
+    first = _Job("first", batches=1, size=16, tokens=1, log=log, release=release)
     busy = _Job("busy", batches=200, size=16, tokens=1, log=log, delay=0.01)
     late = _Job("late", batches=1, size=16, tokens=1, log=log)
     try:
@@ -144,12 +207,20 @@ def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
             worker.enqueue(busy)  # type: ignore[arg-type]
         assert first.done.wait(30)
         worker.enqueue(late)  # type: ignore[arg-type]
+        assert first.capturing.wait(30)  # ended for room: its capture is under way
+        free = worker.lock.acquire(timeout=10)
+        if free:
+            worker.lock.release()
+        release.set()
         assert late.done.wait(30) and busy.done.wait(30)
         assert worker.wait_idle(30)
     finally:
+        release.set()
         worker.stop()
         worker.thread.join(30)
-    assert first.hurried and log.index("first capture (hurried)") < log.index("late claim")
+    assert free, "an HTTP thread waited for the worker's lock behind a capture"
+    assert EndNow.FOR_ROOM in first.ends
+    assert log.index("first capture (hurried)") < log.index("late claim")
     assert log.index("late first token") < log.index("busy first token")
     assert log[-1] == "busy settled"  # its own work, once no client waits
 
@@ -191,8 +262,6 @@ def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
     least a tile, so that the worker turns to the others within a fraction of a second
     instead of after a whole chunk; the sequence still records only the batches' ends,
     and the same prompt again is a whole live hit."""
-    from warmstart.runtime.serving._pipeline import CONTENDED_PIECE_TOKENS
-
     rt, calls, request = _contended(tmp_path, monkeypatch)
     try:
         first, report = rt.generate(request).text()
@@ -201,7 +270,7 @@ def test_while_clients_wait_a_long_batch_goes_in_pieces_of_a_tile(
         for size, ends in calls:  # the prompt's decodes, pieces and all, cover it
             at += size
             if ends == []:
-                assert size == CONTENDED_PIECE_TOKENS
+                assert size == rules.CONTENDED_PIECE_TOKENS
                 piece_ends.add(at)
             if at == n:
                 break

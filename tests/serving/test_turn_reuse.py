@@ -198,11 +198,12 @@ def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
     the reply's chunk is the one the next turn's prompt steps through, and turn 2,
     restored from the store, reuses the whole reply, and still equals ``--no-cache``."""
     from warmstart.runtime.serving._pipeline import Job
+    from warmstart.runtime.serving._schedule import EndNow, Turn
 
     settle = Job._settle
 
     def hurried(self, res):  # type: ignore[no-untyped-def]
-        self.hurried = True  # as _make_room leaves it
+        self.turn = Turn(end=EndNow.FOR_ROOM)  # as _make_room's end leaves it
         return (yield from settle(self, res))
 
     monkeypatch.setattr(Job, "_settle", hurried)

@@ -1,0 +1,154 @@
+"""The worker's rules (pure): which job goes next, when a prompt's decodes stay short,
+which work ends at once for a waiting request, and which user's request is admitted.
+
+A job's state is one ``Phase`` (as vLLM's ``RequestStatus``). The worker looks at its
+jobs through a ``JobView`` (plain data) and tells a job what it decided through the
+``Turn`` it gives the job's next step; the job never reads the worker's state.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# a reply being decoded waits about this long for its next token while other requests'
+# prompts are prefilled (a decode step is tens of milliseconds), or for the end of the
+# decode in progress when that is longer (a burst of cold prompts: see holds_up)
+STALL_S = 0.25
+# and a prompt waits at most this long for its next batch while shorter ones go first
+STARVE_S = 5.0
+# while a client waits that would go first, a prompt's decodes hold at most this many
+# tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
+CONTENDED_BATCH_TOKENS = 128
+# and a longer batch goes in pieces of about this many (see kvstore.piece_end)
+CONTENDED_PIECE_TOKENS = 64
+
+_WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
+
+
+class Phase(enum.Enum):
+    """Where a job stands. In the first three its client waits; in the others no
+    client does, and the work runs while none waits."""
+
+    WAITING = "waiting"  # queued or admitted; its first step finds out what is cached
+    PREFILLING = "prefilling"  # its prompt is computed, before the first token
+    DECODING = "decoding"  # its reply is streamed, a token a step
+    CAPTURING = "capturing"  # the client has its answer; the prompt's chunks are not kept yet
+    SETTLING = "settling"  # they are; the reply is settled into the next turn's batches
+    DRAFTING = "drafting"  # a draft (_draft.py): nobody waits for it, nothing to capture first
+    DONE = "done"
+
+    @property
+    def client_waits(self) -> bool:
+        return self in (Phase.WAITING, Phase.PREFILLING, Phase.DECODING)
+
+
+class EndNow(enum.Enum):
+    """Why the worker runs what is left of a job whose client has its answer at once
+    (``Worker._end_now``) instead of while no client waits."""
+
+    # requests wait for its sequence: what it computed is stored as it stands
+    FOR_ROOM = "for room"
+    # its conversation's next request is here: what is left of settling the reply is
+    # that request's own prefill (the same sequence, the same batches), so it is skipped
+    FOR_FOLLOWUP = "for follow-up"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the worker decided for one step of a job (given to ``Job.advance``)."""
+
+    # another client waits that would go first (a hit, a request not looked at yet):
+    # the prompt's decodes are short, so that the worker can turn to it sooner
+    contended: bool = False
+    # the job is ended at once (every step left runs now), and why
+    end: EndNow | None = None
+    # the next-token logits of the reply token the worker decoded in one batch with
+    # other replies' (None: a decode of that token alone left them in the context)
+    decoded: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the rules see it. Times are ``time.monotonic()``."""
+
+    phase: Phase
+    to_prefill: int = 0  # the prompt's tokens left to compute before its first token
+    stepped_at: float | None = None  # when its last step ended (None: not stepped yet)
+    answered_at: float | None = None  # when its client got the answer
+
+
+def rank(job: JobView, now: float) -> tuple[int, float]:
+    """Which work goes first (the least): a client still waiting, then captures, then
+    the rest. Among waiting clients, the prompt with the fewest tokens left to compute
+    before its first token (a cache hit's few, not another's cold prefill, as
+    llama-server's continuous batching serves both at once), then replies being
+    decoded; but a reply that waited STALL_S for its next token, or a prompt STARVE_S
+    for its next batch, goes first, and so does a request's first step (it finds out
+    what is cached)."""
+    if job.phase is Phase.CAPTURING:
+        return _ANSWERED_UNCAPTURED, 0.0
+    if not job.phase.client_waits:
+        return _ANSWERED, 0.0
+    waited = 0.0 if job.stepped_at is None else now - job.stepped_at
+    if job.phase is Phase.DECODING:
+        return _WAITED_ON, 0.0 if waited >= STALL_S else math.inf
+    return _WAITED_ON, 0.0 if waited >= STARVE_S else float(job.to_prefill)
+
+
+def holds_up(job: JobView, others: Iterable[JobView], queued: bool) -> bool:
+    """Whether a long decode of ``job``'s prompt would hold up another client's first
+    token: a request is ``queued``, or one of ``others`` is admitted and not looked at
+    yet (either may be a hit), or has fewer of its prompt's tokens left to compute (it
+    goes first as soon as the worker turns: a hit is not held up by another's cold
+    prefill). Then ``job`` prefills in short decodes and pieces (``Turn.contended``).
+    Prompts with as many tokens left or more would wait for it anyway, and a reply being
+    decoded gets its next token between two decodes: a burst of cold prompts is
+    prefilled in whole merged batches, as fast as alone."""
+    return queued or any(
+        other.phase is Phase.WAITING
+        or (other.phase is Phase.PREFILLING and other.to_prefill < job.to_prefill)
+        for other in others
+    )
+
+
+def ended_for_room(jobs: Sequence[JobView], short: int) -> list[int]:
+    """Which of ``jobs`` (by index) end at once (``EndNow.FOR_ROOM``) when ``short``
+    more sequences are wanted than are free: work whose client has its answer, those
+    whose prompt's chunks are captured first (what is left of them is least), so that
+    a waiting request takes its sequence instead of waiting behind work that only runs
+    while no client waits."""
+    answered = [i for i, j in enumerate(jobs) if not j.phase.client_waits]
+    answered.sort(key=lambda i: jobs[i].phase is Phase.CAPTURING)
+    return answered[: max(short, 0)]
+
+
+def overdue(jobs: Sequence[JobView], now: float, after_s: float) -> list[int]:
+    """Which of ``jobs`` (by index) got their answer ``after_s`` ago or more and have not
+    captured their prompt's chunks yet."""
+    return [
+        i
+        for i, j in enumerate(jobs)
+        if j.phase is Phase.CAPTURING
+        and j.answered_at is not None
+        and now - j.answered_at >= after_s
+    ]
+
+
+def next_admission(
+    owners: Sequence[str], answering: Mapping[str, int], admitted_at: Mapping[str, int]
+) -> int:
+    """Which waiting request (by index, ``owners`` in arrival order) is admitted next:
+    users in turn (the owner with the fewest requests being answered, then the one
+    admitted longest ago, by ``admitted_at``'s numbers), each user's requests in
+    arrival order. One user's burst (an agent loop) then waits behind itself, not in
+    front of everyone else; with one user it is the queue's order."""
+
+    def turn(i: int) -> tuple[int, int, int]:
+        return answering.get(owners[i], 0), admitted_at.get(owners[i], -1), i
+
+    return min(range(len(owners)), key=turn)
