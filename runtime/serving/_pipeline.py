@@ -40,7 +40,7 @@ from ..kvstore import (
 )
 from ..policy import Rates, Tuning, decide_restore
 from ..types import Message, Report, TokenLogprob
-from ._schedule import CONTENDED_BATCH_TOKENS, CONTENDED_PIECE_TOKENS, EndNow, Phase, Turn
+from ._schedule import EndNow, Phase, Turn, decode_limits
 from ._streams import QueueStream
 
 if TYPE_CHECKING:
@@ -310,13 +310,9 @@ class Job:
         return chunk_ends(self.cuts, self.env.tuning.chunk_tokens)
 
     def _limits(self) -> tuple[int, int]:
-        """The most tokens one decode may hold, and the pieces a long batch may go in
-        (0: whole; see ``kvstore.piece_end``): fewer while another client waits that
-        would go first, so that the worker can turn to it sooner."""
-        most = self.env.tuning.merge_batch_tokens
-        if not self.turn.contended:
-            return most, 0
-        return min(most, CONTENDED_BATCH_TOKENS), CONTENDED_PIECE_TOKENS
+        """The most tokens one decode may hold, and the pieces a long batch may go in,
+        as this step's turn allows (``decode_limits``)."""
+        return decode_limits(self.env.tuning.merge_batch_tokens, self.turn.contended)
 
     def _next_decode(self, begun: int, have: int) -> tuple[int, list[int]]:
         """Where the prompt's next decode stops, and the batch ends it completes."""

@@ -1,5 +1,6 @@
-"""The worker's rules (pure): which job goes next, when a prompt's decodes stay short,
-which work ends at once for a waiting request, and which user's request is admitted.
+"""The worker's rules (pure): which job goes next, when and how short a prompt's
+decodes are kept, which work ends at once for a waiting request, and which user's
+request is admitted.
 
 A job's state is one ``Phase`` (as vLLM's ``RequestStatus``). The worker looks at its
 jobs through a ``JobView`` (plain data) and tells a job what it decided through the
@@ -24,7 +25,7 @@ STARVE_S = 5.0
 # while a client waits that would go first, a prompt's decodes hold at most this many
 # tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
 CONTENDED_BATCH_TOKENS = 128
-# and a longer batch goes in pieces of about this many (see kvstore.piece_end)
+# and a longer batch goes in pieces of about this many (see decode_limits)
 CONTENDED_PIECE_TOKENS = 64
 
 _WAITED_ON, _ANSWERED_UNCAPTURED, _ANSWERED = 0, 1, 2
@@ -114,6 +115,15 @@ def holds_up(job: JobView, others: Iterable[JobView], queued: bool) -> bool:
         or (other.phase is Phase.PREFILLING and other.to_prefill < job.to_prefill)
         for other in others
     )
+
+
+def decode_limits(most: int, contended: bool) -> tuple[int, int]:
+    """The most tokens one decode of a prompt may hold (``most``: the tuning's merge
+    limit), and the pieces a batch of the long kind goes in (0: whole; see
+    ``kvstore.piece_end``): fewer and shorter while ``contended`` (``holds_up``)."""
+    if not contended:
+        return most, 0
+    return min(most, CONTENDED_BATCH_TOKENS), CONTENDED_PIECE_TOKENS
 
 
 def ended_for_room(jobs: Sequence[JobView], short: int) -> list[int]:

@@ -60,6 +60,13 @@ def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
     assert rules.holds_up(job, [cold], queued=True)
 
 
+def test_a_contended_prompt_decodes_less_at_a_time() -> None:
+    assert rules.decode_limits(512, contended=False) == (512, 0)
+    most, piece = rules.decode_limits(512, contended=True)
+    assert (most, piece) == (rules.CONTENDED_BATCH_TOKENS, rules.CONTENDED_PIECE_TOKENS)
+    assert rules.decode_limits(32, contended=True)[0] == 32  # never more than the tuning's
+
+
 def test_room_is_made_from_answered_work_what_is_captured_first() -> None:
     """Requests wait and every sequence is taken: work whose client has its answer ends
     now, what has least left first (captured, then not), and only as much as is short;
