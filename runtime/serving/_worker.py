@@ -421,13 +421,13 @@ class Worker:
         """Runs the job's next step under ``turn`` (``error``: raised in it instead,
         where its decode failed) and puts it back at the end of the round, or accounts
         for its end."""
-        answered = not job.phase.client_waits
-        background = answered and self._mark_background(True)
+        waits = job.phase.client_waits
+        background = not waits and self._mark_background(True)
         with self._cv:
             self._stepping = job
         try:
             going = job.advance(turn, error)
-            self._changed |= job.phase.client_waits == answered
+            self._changed |= waits and not job.phase.client_waits  # it got its answer
         except Exception as exc:
             log.exception("request failed")
             self._stepped.pop(id(job), None)
