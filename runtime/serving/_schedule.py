@@ -52,7 +52,8 @@ class EndNow(enum.Enum):
     """Why the worker runs what is left of a job whose client has its answer at once
     (``Worker._end_now``) instead of while no client waits."""
 
-    # requests wait for its sequence: what it computed is stored as it stands
+    # requests wait for its sequence: its prompt's chunks are captured, and a reply
+    # not settled yet is stored as it was decoded (a settle under way ends its batches)
     FOR_ROOM = "for room"
     # its conversation's next request is here: what is left of settling the reply is
     # that request's own prefill (the same sequence, the same batches), so it is skipped
