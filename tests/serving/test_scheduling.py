@@ -232,6 +232,37 @@ def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
     assert log[-1] == "busy settled"  # its own work, once no client waits
 
 
+def test_a_job_goes_through_its_phases_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat request on the real pipeline (fake engine) says where it stands after each
+    step: its first step finds what is cached, then its prompt, its reply, the capture
+    and the settle; and so does the same request again (a live hit)."""
+    from warmstart.runtime.serving._pipeline import Job
+
+    seen: list[Phase] = []
+    advance = Job.advance
+
+    def noted(self: Job, turn: Turn, error: BaseException | None = None) -> bool:
+        going = advance(self, turn, error)
+        if not seen or seen[-1] is not self.phase:
+            seen.append(self.phase)
+        return going
+
+    monkeypatch.setattr(Job, "advance", noted)
+    rt = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0))
+    request = Request(messages=(Message("user", "w " * 40),), sampling=Sampling(max_tokens=3))
+    try:
+        for _ in range(2):
+            rt.generate(request).text()
+            assert rt.wait_idle(30)
+            order = [Phase.PREFILLING, Phase.DECODING, Phase.CAPTURING, Phase.SETTLING]
+            assert seen == [*order, Phase.DONE], seen
+            seen.clear()
+    finally:
+        rt.close()
+
+
 def _contended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after=None):  # type: ignore[no-untyped-def]
     """A fake runtime whose every step finds other clients waiting, with 256-token
     chunks and a 64-token tile; its prefills are noted as (tokens, ends) in the list
