@@ -168,12 +168,13 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 def _shared(r: TraceResult) -> str:
-    """Decode steps several replies shared, their tokens, and the share of all decoded
-    tokens (a reply's first comes from its prompt's prefill) that rode in them."""
+    """Decode steps several replies shared, their tokens, and those tokens as a share of
+    the replies' tokens: a reply that ends at its end-of-turn token decodes its last one
+    too (its logits give that end), so the share of those after the first read 101%."""
     if r.batching is None:
         return "-"
-    decoded = r.completion_tokens - len(r.ttfts)
-    share = f", {100 * r.batching.tokens / decoded:.0f}% of decoded tokens" if decoded > 0 else ""
+    tokens = r.completion_tokens
+    share = f", {100 * r.batching.tokens / tokens:.0f}% of the replies' tokens" if tokens else ""
     return f"{r.batching.steps} steps ({r.batching.tokens} tokens{share})"
 
 

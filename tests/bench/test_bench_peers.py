@@ -149,8 +149,8 @@ def test_a_trace_of_no_clients_or_too_many_is_a_usage_error(
 
 
 def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
-    """warmstart's counters, pooled over the runs, with the share of decoded tokens
-    (each reply's first token is its prompt's) and the reason for decode_batch;
+    """warmstart's counters, pooled over the runs, with their share of the replies'
+    tokens and the reason for decode_batch;
     llama-server has none."""
     plan = TracePlan.make(True, clients=2)  # 8 requests of 8 tokens
     ours = TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=Batching(10, 20, 8, "measured"))
@@ -160,8 +160,8 @@ def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
     theirs = TraceResult([0.1] * 16, [30.0] * 16, 128, 8.0)
     table = _trace.trace_table({"llama-server": theirs, "warmstart": pooled}, plan)
     row = next(x for x in table.splitlines() if x.startswith("| decode steps shared"))
-    # 128 tokens of 16 replies: 112 decoded, 44 of them in shared steps
-    assert row.split("|")[2:4] == [" - ", " 22 steps (44 tokens, 39% of decoded tokens) "]
+    # 128 tokens of 16 replies, 44 of them decoded in shared steps
+    assert row.split("|")[2:4] == [" - ", " 22 steps (44 tokens, 34% of the replies' tokens) "]
     assert "warmstart: decode_batch 8 (measured)" in table
     assert "llama-server: decode_batch" not in table
 
