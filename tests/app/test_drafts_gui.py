@@ -113,3 +113,28 @@ def test_on_battery_drafts_are_off_unless_asked_for(qtbot) -> None:
     assert not drafts_on(auto, battery=lambda: True)
     assert drafts_on(replace(auto, drafts="on"), battery=lambda: True)
     assert not drafts_on(replace(auto, drafts="off"), battery=lambda: False)
+
+
+@pytest.mark.slow
+def test_on_the_real_model_opening_an_old_conversation_makes_its_next_message_live(
+    qtbot, real_server, app_data
+):
+    """The issue's acceptance, on the real model: two other conversations take the
+    server's two live sequences; opening the first one again sends it as it stands,
+    and its next message then finds its whole history live, computed nothing of it."""
+    app = make_app(qtbot, app_data, real_server.url, max_tokens=8, drafts="on")
+    with qtbot.waitSignal(app.chat.report_received, timeout=REAL_WAIT) as was:
+        send(qtbot, app, "Name three colours of the rainbow.", REAL_WAIT)
+    first, before = app.chat.current, was.args[1]
+    for question in ("Name two planets.", "Name a large ocean."):
+        app.chat.new_conversation()
+        send(qtbot, app, question, REAL_WAIT)
+    app.chat.open(first)
+    qtbot.waitUntil(lambda: not app.drafts.pending, timeout=REAL_WAIT)
+    with qtbot.waitSignal(app.chat.report_received, timeout=REAL_WAIT) as got:
+        send(qtbot, app, "And one more colour?", REAL_WAIT)
+    report = got.args[1]
+    # the first prompt and its reply were live; only the new message was computed
+    history = before.prompt_tokens + before.completion_tokens
+    assert report.restored.get("live", 0) >= history, (before, report)
+    close(app)
