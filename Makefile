@@ -58,8 +58,9 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check runtime app tests installers/gpu installers/llama_wheel.py installers/llama_patches.py
 	$(BIN)/mypy runtime app installers/gpu installers/llama_wheel.py installers/llama_patches.py
 
+# --durations: the slowest tests in every run's log, for the suite's time (issue 42)
 pytest: $(VENV)/.dev-installed
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30
 
 test:
 	sh installers/linux/system-deps.sh
