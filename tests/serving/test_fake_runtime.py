@@ -3,7 +3,9 @@ queue, sessions, store, stats and rules; deterministic text)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,6 +196,54 @@ def test_the_stores_writes_wait_while_a_client_waits(tmp_path: Path) -> None:
         assert runtime.wait_idle(60) and store.quiet
     finally:
         runtime.close()
+
+
+def test_no_capture_or_disk_write_runs_between_two_steps_of_a_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU a reply's decode threads take every core, so nothing of warmstart's own
+    work runs while a reply is decoded (issue 45): a turn sent the moment the last one
+    ended finds that one's capture done first, and the disk writes wait for the reply's
+    end. Counted, not timed: captures, writes and decode steps go into one log in the
+    order they happen, and no capture or write comes between two steps of one reply."""
+    from warmstart.runtime.kvstore._transfer import Transfers
+
+    options = FakeOptions(prefill_delay=0.001, token_delay=0.005, reply_words=30)
+    runtime = fake_runtime(tmp_path, options)
+    log: list[str] = []
+    step, snapshot, write = runtime.engine.step, runtime.engine.snapshot, Transfers.write
+
+    def logged_step(res, token):  # type: ignore[no-untyped-def]
+        log.append("step")
+        step(res, token)
+
+    def logged_snapshot(*args):  # type: ignore[no-untyped-def]
+        log.append("capture")
+        return snapshot(*args)
+
+    def logged_write(job):  # type: ignore[no-untyped-def]
+        log.append("write")
+        time.sleep(0.02)  # a chunk's compression and write: still going when turn 2 comes
+        return write(job)
+
+    monkeypatch.setattr(runtime.engine, "step", logged_step)
+    monkeypatch.setattr(runtime.engine, "snapshot", logged_snapshot)
+    monkeypatch.setattr(Transfers, "write", staticmethod(logged_write))
+    try:
+        first = (Message("user", " ".join(f"w{i}" for i in range(60))),)
+        log.append("request")
+        reply, _ = _text(runtime.generate(Request(messages=first, session_id="s")))
+        turn = (*first, Message("assistant", reply), Message("user", "and then"))
+        log.append("request")  # at once: the first turn's capture and writes are due now
+        _, report = _text(runtime.generate(Request(messages=turn, session_id="s")))
+        assert runtime.wait_idle(60) and runtime.store is not None and runtime.store.flush(60)
+    finally:
+        runtime.close()
+    assert report.completion_tokens >= 20 and "capture" in log and "write" in log
+    starts = [i for i, kind in enumerate(log) if kind == "request"] + [len(log)]
+    for begin, end in itertools.pairwise(starts):  # each reply's steps, and what between
+        steps = [i for i in range(begin, end) if log[i] == "step"]
+        assert len(steps) >= 20 and set(log[steps[0] : steps[-1]]) == {"step"}
 
 
 def test_a_stream_says_when_its_reader_has_handled_what_was_put() -> None:
