@@ -22,7 +22,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-TAIL_TOKENS = 2  # a prompt's last tokens, always decoded together, never restored
+TAIL_TOKENS = 2  # a prompt's last tokens, decoded together (see batch_cuts), never restored
+# a short message and the tail after it are one batch up to this many tokens (see _ride)
+RIDE_TOKENS = 16
 Span = tuple[int, int, bool]  # a stored chunk's positions [start, end), and if stepped
 
 
@@ -43,15 +45,52 @@ def batch_cuts(
     messages at the same places, so it shares every batch up to its new message), one
     ending ``tail`` tokens before the end, the last ``tail`` tokens together, and
     between those, one every ``chunk_tokens`` from position 0 (see :func:`_inside`
-    for ``tile``). Each batch but the last is a chunk the store can keep; a prefix is
-    restored only up to the end of one of them.
+    for ``tile``); but with ``tile`` a short message's tail rides in its batch (see
+    :func:`_ride`). Each batch but the last is a chunk the store can keep; a prefix
+    is restored only up to the end of one of them.
     """
     if n_tokens <= 0:
         return []
     stop = max(n_tokens - tail, 0)
     hard = {a for a in anchors if 0 < a < stop}
     hard.update(c for c in (stop, n_tokens) if c > 0)
-    return sorted(_with_inside(sorted(hard), chunk_tokens, tile))
+    return sorted(_with_inside(_ride(sorted(hard), tile)[0], chunk_tokens, tile))
+
+
+def _ride(hard: Sequence[int], tile: int) -> tuple[list[int], bool]:
+    """``hard`` (a prompt's fixed batch ends, sorted) without the ends of the batches
+    that a tail rides in; and whether its last end would go too, were a tail to follow.
+
+    The tail (the last ``TAIL_TOKENS`` before a reply starts, :func:`turn_anchors`,
+    and before a prompt's end) is a batch of its own so that a prompt's last batch,
+    the one a store never keeps (nothing keeps the logits it gives), is small: a
+    restored repeat recomputes only that one (a live repeat decodes nothing, see
+    :func:`live_prefix`). But a batch shorter than ``tile`` takes llama.cpp's slow
+    row-at-a-time path (about a decode step a token on a CPU: 100 ms at 1B), and
+    cannot share a decode with the long batch before it (a token's bits depend on
+    its batch's kind, see :func:`decode_groups`): another question after the same
+    history cost two decodes, the tail's most of the time. So with ``tile`` known, a
+    batch of exactly ``TAIL_TOKENS`` between two fixed ends joins the batch before
+    it, when that one starts at a fixed end and is longer (a reply's one-token
+    batches, and the markup after one, stay apart) and the two hold ``tile`` to
+    ``RIDE_TOKENS`` tokens: one tiled batch, one decode, and still a small last
+    batch for a restored repeat (16 tiled tokens cost about what 2 untiled ones do
+    at 1B). The end after a tail that rode always stays, and whether a tail rides
+    depends on the fixed ends up to its own end only, so every later turn (whose
+    fixed ends hold this prompt's) cuts the same batches up to there. Without
+    ``tile`` (not measured, or no short path) nothing rides: batches as before."""
+    out: list[int] = []
+    prev, rode, may = 0, False, False
+    for i, end in enumerate(hard):
+        nxt = hard[i + 1] if i + 1 < len(hard) else end + TAIL_TOKENS
+        rides = bool(tile) and not rode and nxt - end == TAIL_TOKENS < end - prev
+        rides = rides and tile <= nxt - prev <= RIDE_TOKENS
+        if rides and i + 1 < len(hard):
+            rode = True
+            continue
+        out.append(end)
+        prev, rode, may = end, False, rides
+    return out, may
 
 
 def _with_inside(hard: Sequence[int], chunk_tokens: int, tile: int) -> set[int]:
@@ -95,7 +134,10 @@ def aligned_cuts(
     """The batch ends in (start, end] that every longer prompt shares: the anchors,
     and between them (and after the last, as far as it is known) what
     :func:`batch_cuts` puts there. What a finished reply is re-prefilled along."""
-    hard = sorted(a for a in anchors if 0 < a <= end)
+    hard, may = _ride(sorted({a for a in anchors if 0 < a <= end}), tile)
+    if may and hard[-1] + TAIL_TOKENS > end:  # a longer prompt's tail may ride there
+        cuts = _with_inside(hard[:-1], chunk_tokens, tile)
+        return sorted(c for c in cuts if start < c <= end)
     cuts = _with_inside(hard, chunk_tokens, tile)
     cuts.update(_inside(hard[-1] if hard else 0, end, chunk_tokens, tile, closed=False))
     if end % chunk_tokens == 0 and not (tile and chunk_tokens >= 2 * tile):
@@ -115,9 +157,10 @@ def turn_anchors(
     control token; empty: none) and a user turn's ``header`` (up to its text): where
     each turn but the assistant's opens, and where a user's text starts (another
     question after the same history reuses the markup before it too, as llama-server
-    does); the end of each assistant opening and the ``TAIL_TOKENS`` before it, so the
-    prompt's own last batches are batches of every later turn too, and a repeat decodes
-    nothing (the sequence keeps the logits its prompt ended with, see
+    does); the end of each assistant opening and the ``TAIL_TOKENS`` before it (where
+    a short message's tail rides in its batch, :func:`batch_cuts` drops that one), so
+    the prompt's own last batches are batches of every later turn too, and a repeat
+    decodes nothing (the sequence keeps the logits its prompt ended with, see
     :func:`live_prefix`); and with ``step_replies`` every token of a reply, up to the
     control token that closes it. A reply is then prefilled a token at a time, as it
     was decoded, so its KV, live or stored, is what a cold prefill of the next turn

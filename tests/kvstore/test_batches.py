@@ -3,7 +3,7 @@ cuts, anchors, decodes and pieces, and the chunks a store keeps along them."""
 
 import itertools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from warmstart.runtime.kvstore._batches import (
     aligned_cuts,
@@ -262,3 +262,70 @@ def test_chunk_ends_and_the_batches_up_to_a_position() -> None:
     assert chunk_ends([4, 6, 7, 8, 9, 10, 11, 12, 20], run_tokens=8) == {4, 6, 8, 12, 20}
     assert ends_through([4, 8, 12], 8) == [4, 8]
     assert ends_through([4, 8, 12], 3) == []
+
+
+def test_with_a_tile_a_short_messages_tail_rides_in_its_batch() -> None:
+    """A system prompt to 317, the user's turn markup to 320, a question and the
+    assistant's opening to 332, its last two tokens the tail: with a tile of 8 the
+    question and its tail are one batch (one tiled decode, not a tiled one and an
+    untiled one), when the two hold 8 to 16 tokens."""
+    anchors = (317, 320, 330, 332)
+    assert batch_cuts(332, 128, anchors, tile=8)[-3:] == [317, 320, 332]
+    assert decode_groups(320, batch_cuts(332, 128, anchors, tile=8), 128, 512, 8) == [[332]]
+    # before (no tile known) and with a tile too long for it: the tail stays apart
+    assert batch_cuts(332, 128, anchors)[-3:] == [320, 330, 332]
+    assert batch_cuts(332, 128, anchors, tile=64)[-3:] == [320, 330, 332]
+    assert decode_groups(320, batch_cuts(332, 128, anchors), 128, 512, 8) == [[330], [332]]
+    # a longer question keeps its tail apart (a restored repeat recomputes 2 tokens)
+    assert batch_cuts(352, 128, (317, 320, 350, 352), tile=8)[-3:] == [320, 350, 352]
+    # and so does a question shorter than a tile with it (two short batches share a
+    # decode anyway)
+    assert batch_cuts(325, 128, (317, 320, 323, 325), tile=8)[-3:] == [320, 323, 325]
+
+
+def test_a_tail_that_rode_is_cut_alike_in_the_next_turn() -> None:
+    """The next turn's prompt holds the question, its opening's two ends, the reply a
+    token at a time, its end-of-turn markup (two tokens), the next turn's markup, and
+    its own question and tail: it shares every batch up to the reply's start, and
+    the reply's one-token batches and the markup after them ride nowhere."""
+    turn1 = batch_cuts(332, 128, (317, 320, 330, 332), tile=8)
+    stepped = range(333, 341)  # the reply's tokens, the last one its end-of-turn token
+    anchors = (317, 320, 330, 332, *stepped, 342, 345, 355, 357)
+    turn2 = batch_cuts(357, 128, anchors, tile=8)
+    assert ends_through(turn2, 332) == turn1
+    assert turn2[turn2.index(332) :] == [332, *stepped, 342, 345, 357]
+    # stepped replies and the markup after one stay apart, tail or not
+    cuts = batch_cuts(344, 128, (317, 320, 330, 332, 333, 334, 336, 338), tile=8)
+    assert cuts[-7:] == [332, 333, 334, 336, 338, 342, 344]
+    # the end after a tail that rode stays, even with a tail's length after it
+    cuts = batch_cuts(340, 128, (317, 320, 330, 332, 334), tile=8)
+    assert cuts[-5:] == [320, 332, 334, 338, 340]
+
+
+@settings(deadline=None)  # (a loaded machine: its cases are cheap, their timing is not)
+@given(
+    st.integers(3, 2500),
+    st.sampled_from([64, 128, 256]),
+    st.lists(st.integers(1, 2500), max_size=6),
+    st.integers(0, 12),
+    st.lists(st.integers(1, 40), max_size=6),
+)
+def test_with_a_tile_of_8_a_later_prompt_shares_every_batch_before_its_new_part(
+    n: int, chunk: int, anchors: list[int], stepped: int, after: list[int]
+) -> None:
+    """Whatever rides: a chat prompt (its tail's two ends among its anchors) and the
+    next turn's (its anchors, a reply stepped through, more anchors after it) are cut
+    alike up to the prompt's end; every batch fits a chunk; and what ``aligned_cuts``
+    gives for the prompt as far as it is known is cut so by every longer prompt."""
+    tile, mine = 8, sorted({a for a in anchors if a < n - 2} | {n - 2, n})
+    cuts = batch_cuts(n, chunk, mine, tile=tile)
+    assert cuts[-1] == n and all(0 < b - a <= chunk for a, b in itertools.pairwise([0, *cuts]))
+    reply = [n + k for k in range(1, stepped + 1)]
+    later = [*reply, *(n + stepped + x for x in itertools.accumulate(after))]
+    longer = later[-1] + 5 if later else n + 5
+    assert ends_through(batch_cuts(longer, chunk, [*mine, *later], tile=tile), n) == cuts
+    end = n + stepped  # a raw completion and its reply, re-prefilled along these
+    settled = aligned_cuts(0, end, chunk, mine, tile=tile)
+    extra = [end + x for x in itertools.accumulate(after)]
+    other = batch_cuts((extra or [end])[-1] + 3, chunk, [*mine, *extra], tile=tile)
+    assert set(settled) <= set(other), (settled, other)

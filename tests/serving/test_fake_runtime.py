@@ -297,3 +297,35 @@ def test_the_first_token_is_handed_over_before_the_second_is_decoded(
     finally:
         runtime.close()
     assert steps and steps[0] >= 1  # the first decode after the first token came after it
+
+
+@pytest.mark.parametrize(("tile", "decodes"), [(8, 1), (0, 2)], ids=["tiled", "no-tile"])
+def test_another_short_question_on_a_live_sequence_is_one_decode(
+    tmp_path: Path, tile: int, decodes: int
+) -> None:
+    """Counted, not timed: after the same system prompt, another short question
+    continues the live sequence, and where a batch tile is known its text and the
+    assistant's opening are one batch, one decode (its tail rides in the question's
+    batch: kvstore/_batches.py, ``_ride``); without one, two decodes, as before."""
+    rt = fake_runtime(tmp_path, FakeOptions(prefill_delay=0.0), batch_tile=tile)
+    # a system prompt longer than a question and its reply: the sequence is shared
+    handbook = "Opening hours are nine to five on weekdays; the office closes on holidays. "
+    system = Message("system", "You answer questions about the staff handbook. " + handbook * 3)
+    first = Request(messages=(system, Message("user", "When does the office open?")))
+    _text(rt.generate(first))
+    rt.wait_idle()
+    calls: list[tuple[int, bool]] = []  # (tokens, wants logits) of every prefill decode
+    prefill = rt.engine.prefill
+
+    def counted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        calls.append((len(tokens), want_logits))
+        return prefill(res, tokens, want_logits, ends)
+
+    rt.engine.prefill = counted  # type: ignore[method-assign]
+    other = Request(messages=(system, Message("user", "Where do holiday requests go?")))
+    _, report = _text(rt.generate(other))
+    rt.close()
+    prompt = calls[: 1 + next(i for i, (_, last) in enumerate(calls) if last)]
+    assert report.restored["live"] > 0 and report.restored["ram"] == 0, report
+    assert len(prompt) == decodes, prompt
+    assert sum(n for n, _ in prompt) == report.prompt_tokens - report.restored["live"]
