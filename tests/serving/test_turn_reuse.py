@@ -259,3 +259,45 @@ def test_a_repeat_of_the_request_just_answered_decodes_nothing(  # type: ignore[
     assert all(end > n_ids for s, end in decodes[before:] if s == seq), decodes[before:]
     assert isinstance(done, Done) and done.report.restored["live"] == n_ids, done.report
     assert "".join(t.text for t in tokens) == first.content  # type: ignore[union-attr]
+
+
+def test_another_short_question_is_one_decode_and_equals_no_cache(  # type: ignore[no-untyped-def]
+    make_runtime, tmp_path
+) -> None:
+    """With warmstart's batch tile (8), another short question after the same system
+    prompt continues the live sequence and prefills its text and the assistant's
+    opening in one decode (the opening's tail rides in the question's batch:
+    kvstore/_batches.py), counted, not timed; its next turn prefills the user's turn
+    markup, then the question with its tail. A repeat restored from RAM recomputes
+    that one batch. Every reply equals ``--no-cache``."""
+    same = dict(batch_tile=8, merge_batch_tokens=512)
+    rt = make_runtime(tmp_path / "cached", **same)
+    oracle = make_runtime(tmp_path / "oracle", no_cache=True, **same)
+    system = Message("system", SYSTEM.content + " You know the staff handbook well." * 6)
+    _reply(rt, _chat((system, Message("user", "Name a colour."))))
+    decodes: list[int] = []  # the tokens of each prefill decode, the prompt's last < 0
+    prefill = rt.engine.prefill
+
+    def counted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
+        decodes.append(-len(tokens) if want_logits else len(tokens))
+        return prefill(res, tokens, want_logits, ends)
+
+    def prompt_decodes(request: Request) -> tuple[Message, list[int], Done]:
+        decodes.clear()
+        message, done = answer(rt, request, wait=True)
+        assert message.content == answer(oracle, request)[0].content
+        return message, decodes[: 1 + next(i for i, n in enumerate(decodes) if n < 0)], done
+
+    rt.engine.prefill = counted
+    other = _chat((system, Message("user", "Name a fruit.")))
+    reply, calls, done = prompt_decodes(other)
+    ids, anchors = rt.engine.prompt_ids(other)
+    text = max(a for a in anchors if a < len(ids) - 2)  # where the question starts
+    assert done.report.restored["live"] == text and done.report.restored["ram"] == 0
+    assert calls == [text - len(ids)], calls  # one decode: the question and its tail
+    nxt = _chat((*other.messages, reply, Message("user", "And a vegetable?")))
+    _, calls, done = prompt_decodes(nxt)
+    assert len(calls) == 2 and 0 < calls[0] < 8 <= -calls[1] <= 16, calls
+    rt.evict_live()
+    _, calls, done = prompt_decodes(other)
+    assert done.report.restored["ram"] == text and calls == [text - len(ids)], calls
