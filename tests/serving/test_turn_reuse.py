@@ -267,19 +267,21 @@ def test_another_short_question_is_one_decode_and_equals_no_cache(  # type: igno
     """With warmstart's batch tile (8), another short question after the same system
     prompt continues the live sequence and prefills its text and the assistant's
     opening in one decode (the opening's tail rides in the question's batch:
-    kvstore/_batches.py), counted, not timed; its next turn prefills the user's turn
-    markup, then the question with its tail. A repeat restored from RAM recomputes
-    that one batch. Every reply equals ``--no-cache``."""
+    kvstore/_batches.py), counted, not timed; a live repeat decodes nothing; its next
+    turn prefills the user's turn markup, then the question with its tail. A repeat
+    restored from RAM recomputes that one batch. Every reply equals ``--no-cache``."""
     same = dict(batch_tile=8, merge_batch_tokens=512)
     rt = make_runtime(tmp_path / "cached", **same)
     oracle = make_runtime(tmp_path / "oracle", no_cache=True, **same)
     system = Message("system", SYSTEM.content + " You know the staff handbook well." * 6)
     _reply(rt, _chat((system, Message("user", "Name a colour."))))
     decodes: list[int] = []  # the tokens of each prefill decode, the prompt's last < 0
+    starts: list[int] = []  # where each begins
     prefill = rt.engine.prefill
 
     def counted(res, tokens, want_logits, ends=None):  # type: ignore[no-untyped-def]
         decodes.append(-len(tokens) if want_logits else len(tokens))
+        starts.append(len(res.tokens))
         return prefill(res, tokens, want_logits, ends)
 
     def prompt_decodes(request: Request) -> tuple[Message, list[int], Done]:
@@ -295,6 +297,10 @@ def test_another_short_question_is_one_decode_and_equals_no_cache(  # type: igno
     text = max(a for a in anchors if a < len(ids) - 2)  # where the question starts
     assert done.report.restored["live"] == text and done.report.restored["ram"] == 0
     assert calls == [text - len(ids)], calls  # one decode: the question and its tail
+    starts.clear()  # the same again: a live hit of the whole prompt, which decodes nothing
+    again, done = answer(rt, other, wait=True)
+    assert again.content == reply.content and done.report.restored["live"] == len(ids)
+    assert min(starts, default=len(ids)) >= len(ids), starts  # (its reply's tokens only)
     nxt = _chat((*other.messages, reply, Message("user", "And a vegetable?")))
     _, calls, done = prompt_decodes(nxt)
     assert len(calls) == 2 and 0 < calls[0] < 8 <= -calls[1] <= 16, calls
