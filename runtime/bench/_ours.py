@@ -175,7 +175,7 @@ def run_ours(settings: Settings, system: str, n_conv: int, bar: Bar) -> dict[str
         rt.store.flush()
         bar.update(3 + n_conv, "decode speed and thresholds")
         out.update(_decode_figures(rt, system, n_conv))
-        out["anchor_tokens"] = (rt.engine.prompt_ids(Request(messages=first))[1] or (0,))[0]
+        out["anchor_tokens"] = (rt.prompter.prompt_ids(Request(messages=first))[1] or (0,))[0]
         out["final_tokens"] = own_tokens
         out["threshold"] = threshold_check(rt)
         return out

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._kvblob import CacheLayout
     from ._llama import LlamaEmbedder, LlamaModel, on_own_thread
     from ._loader import AS_SET, LoaderChoice, LoaderCommand, choose_loader, gpu_offload_supported
-    from ._protocol import Engine, TokenSampler
+    from ._protocol import Engine, Prompter, TokenSampler
     from ._residents import Resident
     from ._sampling import token_logprob
     from ._smoke import NOT_CHECKED, ExtraBuffers, SmokeCommand, choose_extra_buffers
@@ -42,6 +42,7 @@ __all__ = [
     "LlamaModel",
     "LoaderChoice",
     "LoaderCommand",
+    "Prompter",
     "Resident",
     "SmokeCommand",
     "TextAssembler",
@@ -76,6 +77,7 @@ _WHERE = {
     "LlamaModel": "._llama",
     "LoaderChoice": "._loader",
     "LoaderCommand": "._loader",
+    "Prompter": "._protocol",
     "NOT_CHECKED": "._smoke",
     "Resident": "._residents",
     "SmokeCommand": "._smoke",

@@ -1,32 +1,30 @@
 """The engine: a model, one context with a KV stream per resident conversation.
 
 Owned by one thread (the runtime's worker). Offers what the request pipeline needs:
-prompt tokens, claiming a sequence with its reusable live prefix, batch prefill and
-one-token steps, chunk capture by cutting a snapshot of the new chunks' cells,
-restore by assembling chunks, sampling, and the calibration probes.
+claiming a sequence with its reusable live prefix, batch prefill and one-token steps,
+chunk capture by cutting a snapshot of the new chunks' cells, restore by assembling
+chunks, sampling, and the calibration probes. The prompt work (a request's tokens and
+anchors) is its ``prompter``'s (_prompter.py), which the runtime hands to admission.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
-import json
 import logging
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from ..errors import EngineError, RequestError
-from ..kvstore import common_prefix, turn_anchors
-from ..types import Message, Request, Sampling
-from . import _decode_probe, _kvblob, _tools
+from ..errors import EngineError
+from ..types import Sampling
+from . import _decode_probe, _kvblob
 from ._llama import (
     DECODE_ABORTED,
     ContextConfig,
@@ -35,12 +33,11 @@ from ._llama import (
     llama_version,
     on_own_thread,
 )
-from ._prompt import PromptTokenizer
+from ._prompt import llama_prompter
 from ._residents import KvCells, Resident, Residents
+from ._sampling import Sampler
 
 __all__ = ["EngineConfig", "LlamaEngine", "Resident", "fingerprint_of"]
-from ._sampling import Sampler, check_grammar, check_logit_bias
-from ._template import template_for
 
 if TYPE_CHECKING:
     from ._protocol import Engine
@@ -97,7 +94,7 @@ class EngineConfig:
     # the KV caches' per-cell layout, kept with the calibration: no probe decode at start
     kv_layout: tuple[_kvblob.CacheLayout, ...] | None = None
     # a prefill steps through earlier replies a token at a time, as they were decoded
-    # (see ``_turn_starts``); off, a reply is re-prefilled in batches after it is sent
+    # (see ``kvstore.turn_anchors``); off, a reply is re-prefilled in batches after it is sent
     step_replies: bool = True
 
 
@@ -130,23 +127,11 @@ class LlamaEngine(Residents):
         self.evictions = 0  # conversations pushed out of the live context
         self.interruptions = 0  # decodes stopped: background work, a prefill its client left
         self.decoding = 0  # tokens of the decode in progress (0: none)
-        self.bos_text = self.model.token_text(self.model.bos) if self.model.bos >= 0 else ""
-        self.prompter = PromptTokenizer(self.model)
-        # the system message's ids on its own: the same few system prompts come with
-        # every request, and tokenizing one of thousands of tokens again takes ms
-        self._head_ids = functools.lru_cache(maxsize=16)(self.prompter.ids)
-        self.template = template_for(
-            self.model,
-            self.prompter,
-            self.bos_text,
-            self.model.token_text(self.model.eos) if self.model.eos >= 0 else "",
-        )
-        self.tool_format = _tools.detect_format(self.template.source)
-        self.opener = self._find_opener()
-        self.user_header = self._find_user_header()
         self.fingerprint = fingerprint_of(
             self.model, config.model_digest, config.type_kv, config.flash_attn
         )
+        # the prompt work (admission's, the next turn's): this engine only computes
+        self.prompter = llama_prompter(self.model, self.fingerprint, config.step_replies)
         self._blob = np.empty(0, dtype=np.uint8)  # reused for snapshots and restores
         # the calibration keeps the caches' layout: a start then decodes no probe (the
         # stream count is this context's own: one stream per conversation)
@@ -191,124 +176,6 @@ class LlamaEngine(Residents):
         """Bytes of a stored chunk of ``n_tokens`` tokens."""
         return self.layout.chunk_bytes(n_tokens)
 
-    # prompts --------------------------------------------------------------------
-    def prompt_ids(
-        self,
-        request: Request,
-        generation: bool = True,
-        plan: _tools.ToolPlan | Literal["plan it"] | None = "plan it",
-    ) -> tuple[list[int], tuple[int, ...]]:
-        """Token ids of the request's prompt, and its anchors: where each message of the
-        conversation starts (the template's turn-opening control token) and where the
-        leading system message ends. Prefill batches end at the anchors, so the next
-        turn, whose prompt holds these messages at the same places, computes the same
-        batches up to its new message, and reuses them all (see ``batch_cuts``).
-        ``generation=False``: without the assistant's opening (the history as the next
-        turn's prompt will hold it, once the reply is one of its messages).
-        Message contents are plain text: only the template's markup holds control
-        tokens (a raw completion prompt is the client's own markup, parsed whole).
-        ``plan``: the request's tool plan, when admission already made it."""
-        if request.prompt is not None:
-            ids = self.prompter.ids([(request.prompt, True)])
-            return ids, self._turn_starts(ids)
-        if isinstance(plan, str):  # "plan it"
-            plan = self.tool_plan(request)
-        messages = plan.messages if plan else request.messages
-        tools = plan.tools if plan else None
-        if plan and plan.format != "generic":
-            self._check_native_tools(plan)
-        parts = _tools.render_parts(self.template, plan, messages, generation)
-        ids = self.prompter.chat_ids(parts, messages)
-        anchors = set(self._turn_starts(ids))
-        system = [m for m in messages[:1] if m.role == "system"]
-        if system and len(messages) >= 2:
-            head_parts = self.template.render_parts(
-                system, add_generation_prompt=False, tools=tools
-            )
-            # templates such as Gemma's put the system text in the first user turn
-            head = self._head_ids(tuple(head_parts)) if head_parts else []
-            if head and ids[: len(head)] == head:
-                anchors.add(len(head))
-        return ids, tuple(sorted(anchors))
-
-    def least_tokens(self, request: Request, reach: int) -> int:
-        """A lower bound on the prompt's token count, proven without tokenizing it
-        (``PromptTokenizer.least_tokens``): admission refuses a prompt over the context
-        by it, where tokenizing a megabyte takes seconds of a core. 0 when the text is
-        too short for the bound to reach ``reach`` (then nothing is rendered)."""
-        texts = [request.prompt or "", *(m.content for m in request.messages)]
-        if 4 * sum(map(len, texts)) < reach * self.prompter.longest_piece:  # <= 4 B a char
-            return 0
-        if request.prompt is not None:
-            return self.prompter.least_tokens([(request.prompt, True)])
-        plan = self.tool_plan(request)
-        messages = plan.messages if plan else request.messages
-        return self.prompter.least_tokens(
-            _tools.render_parts(self.template, plan, messages, generation=True)
-        )
-
-    def _turn_starts(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """Where the prompt's batches end besides every ``chunk_tokens``: its turns, as
-        this model's template opens them (``kvstore.turn_anchors``)."""
-        header, is_control = self.user_header, self.prompter.is_control
-        return turn_anchors(ids, self.opener, header, is_control, self.config.step_replies)
-
-    def _find_opener(self) -> list[int]:
-        """The assistant's opening, which the template adds to a prompt (ChatML's
-        ``<|im_start|>assistant\\n``), when it starts with a control token (which only
-        the template's markup holds); [] otherwise."""
-        probe = (Message("user", "x"),)
-        try:
-            bare = self.prompter.ids(self.template.render_parts(probe, False))
-            opened = self.prompter.ids(self.template.render_parts(probe, True))
-        except RequestError:
-            return []
-        if len(opened) <= len(bare) or opened[: len(bare)] != bare:
-            return []
-        opener = opened[len(bare) :]
-        return opener if self.prompter.is_control(opener[0]) else []
-
-    def _find_user_header(self) -> list[int]:
-        """What opens a user's turn up to its text (ChatML's ``<|im_start|>user\n``),
-        when the assistant's opening starts with a control token; [] otherwise."""
-        if not self.opener:
-            return []
-        try:
-            a, b = (
-                self.prompter.ids(self.template.render_parts((Message("user", t),), False))
-                for t in ("x", "y")
-            )
-        except RequestError:
-            return []
-        n = common_prefix(a, b)
-        starts = [i for i in range(n) if a[i] == self.opener[0]]
-        return list(a[starts[-1] : n]) if starts else []
-
-    def check_sampling(self, sampling: Sampling) -> None:
-        """This model's own rules of a sampling: logit biases name its tokens, a
-        grammar parses over its vocabulary (only the vocabulary is read, fixed once
-        loaded: safe off the worker thread)."""
-        check_logit_bias(self.model, sampling)
-        if sampling.grammar is not None:
-            check_grammar(self.model, sampling.grammar)
-
-    def tool_plan(self, request: Request) -> _tools.ToolPlan | None:
-        """How the request's tools and tool turns reach this model (None: it has none)."""
-        return _tools.plan(request, self.tool_format)
-
-    def _check_native_tools(self, plan: _tools.ToolPlan) -> None:
-        """A native template writes tool definitions and call arguments as JSON in
-        its own markup (trusted): control-token text in them is refused, not parsed."""
-        texts = [json.dumps(plan.tools or [], ensure_ascii=False)]
-        texts += [c.name + c.arguments for m in plan.messages for c in m.tool_calls]
-        texts += [m.name or "" for m in plan.messages]
-        if any(self.prompter.has_control_text(t) for t in texts):
-            raise RequestError(
-                "tool definitions and tool-call arguments must not hold this model's "
-                "control-token text",
-                param="tools",
-            )
-
     # computing ------------------------------------------------------------------------
     def prefill(
         self,
@@ -334,16 +201,13 @@ class LlamaEngine(Residents):
             return False
         if ret != 0:
             raise EngineError("the conversation's KV stream is full")
-        res.copy_pending = False
-        res.tokens.extend(tokens)
-        res.bounds.extend((len(res.tokens),) if ends is None else ends)
+        res.computed(tokens, ends)
         return True
 
     def keep_logits(self, res: Resident) -> np.ndarray:
         """Keeps (and returns) the logits ``res``'s last decode computed, for the same
         prompt again (``Resident.live_prefix``)."""
-        res.logits, res.logits_at = self.ctx.logits(), len(res.tokens)
-        return res.logits
+        return res.keep_logits(self.ctx.logits())
 
     def interrupt(self, stop: bool) -> None:
         """``True``: the decode in progress, and any until ``interrupt(False)``, stops
@@ -370,9 +234,7 @@ class LlamaEngine(Residents):
             raise EngineError("a batched decode step of several replies did not run")
         out = []
         for i, (res, token) in enumerate(steps):
-            res.copy_pending = False
-            res.tokens.append(token)
-            res.bounds.append(len(res.tokens))
+            res.computed((token,))
             out.append(self.ctx.logits_at(i))
         return out
 
@@ -431,9 +293,9 @@ class LlamaEngine(Residents):
         ok = self.ctx.state_set(res.seq, self._blob[:size])
         if not ok or self.ctx.seq_pos_max(res.seq) != n - 1:
             self.ctx.seq_rm(res.seq)
-            res.tokens, res.bounds = [], []
+            res.reset()
             return False
-        res.tokens, res.bounds = list(ids[:n]), list(bounds)
+        res.reset(ids[:n], bounds)
         return True
 
     # calibration target ------------------------------------------------------------------

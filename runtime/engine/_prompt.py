@@ -18,14 +18,18 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import llama_cpp.llama_cpp as ll
 
 from ..errors import RequestError
 from ..types import Message
+from ._prompter import ChatPrompter, Part
+from ._sampling import check_sampling
+from ._template import template_for
 
-Part = tuple[str, bool]  # (text, trusted)
+if TYPE_CHECKING:
+    from ._llama import LlamaModel
 
 # The tokens llama.cpp matches in text only when asked to parse special tokens;
 # user-defined ones it matches either way, so the plain tokenizer handles them.
@@ -169,6 +173,17 @@ class PromptTokenizer:
                 at = match.end()
             run.add(chunk[at:])
         return run.close()
+
+
+def llama_prompter(model: LlamaModel, fingerprint: str, step_replies: bool) -> ChatPrompter:
+    """The prompt work of a llama.cpp model: its tokenizer (above), its GGUF's chat
+    template (or llama.cpp's built-in one), its vocabulary's sampling rules."""
+    tokens = PromptTokenizer(model)
+    bos = model.token_text(model.bos) if model.bos >= 0 else ""
+    eos = model.token_text(model.eos) if model.eos >= 0 else ""
+    template = template_for(model, tokens, bos, eos)
+    rules = functools.partial(check_sampling, model)
+    return ChatPrompter(tokens, template, fingerprint, rules, step_replies)
 
 
 class _Run:

@@ -9,8 +9,9 @@ same contract tests (tests/serving/test_service_contract.py, tests/engine/test_p
 The contract, as the pipeline relies on it:
 
 - One thread owns the engine (the runtime's worker); only ``interrupt`` is called
-  from others, and the vocabulary (``model``), ``prompt_ids``, ``tool_plan`` and
-  ``check_sampling`` read only what is fixed once the engine exists.
+  from others. The vocabulary (``model``) and the ``prompter`` (the prompt work:
+  a request's ids and anchors, its tool plan, its sampling checks) read only what is
+  fixed once the engine exists, from any thread.
 - ``residents`` are the conversations in the context; ``claim`` takes an idle one for
   a prompt and says how many of its tokens it already holds (a prefix ending at one
   of ``cuts``), ``release`` gives it back. Its ``tokens`` and ``bounds`` change only
@@ -71,6 +72,29 @@ class TokenSampler(Protocol):
     def close(self) -> None: ...
 
 
+class Prompter(Protocol):
+    """A model's prompt work, what admission (runtime/serving/_admit.py) and the next
+    turn's prompt need: its tool plan, its prompt's ids and anchors, a proven least
+    token count (without tokenizing), its own checks of a sampling (a RequestError
+    before any work). Both engines' is a ``ChatPrompter`` (_prompter.py)."""
+
+    @property
+    def fingerprint(self) -> str: ...  # the model's: whose ids an admitted request holds
+
+    def tool_plan(self, request: Request) -> ToolPlan | None: ...
+
+    def prompt_ids(
+        self,
+        request: Request,
+        generation: bool = True,
+        plan: ToolPlan | Literal["plan it"] | None = "plan it",
+    ) -> tuple[list[int], tuple[int, ...]]: ...  # plan: the tool plan admission made
+
+    def least_tokens(self, request: Request, reach: int) -> int: ...
+
+    def check_sampling(self, sampling: Sampling) -> None: ...
+
+
 class Engine(Protocol):
     """A model's context holding resident conversations; see the module docstring."""
 
@@ -97,19 +121,8 @@ class Engine(Protocol):
 
     def blob_bytes(self, n_tokens: int) -> int: ...
 
-    # prompts (any thread)
-    def prompt_ids(
-        self,
-        request: Request,
-        generation: bool = True,
-        plan: ToolPlan | Literal["plan it"] | None = "plan it",
-    ) -> tuple[list[int], tuple[int, ...]]: ...  # plan: the tool plan admission made
-
-    def least_tokens(self, request: Request, reach: int) -> int: ...  # proven, untokenized
-
-    def tool_plan(self, request: Request) -> ToolPlan | None: ...
-
-    def check_sampling(self, sampling: Sampling) -> None: ...  # RequestError before work
+    @property
+    def prompter(self) -> Prompter: ...  # the model's prompt work (any thread)
 
     # residents (the worker)
     def claim(

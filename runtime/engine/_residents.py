@@ -75,6 +75,36 @@ class Resident:
         if self.logits is not None and below < self.logits_at:
             self.logits, self.logits_at = None, 0
 
+    def computed(self, tokens: Sequence[int], ends: Sequence[int] | None = None) -> None:
+        """``tokens`` went in after what it holds, in one decode (which ran any copy
+        pending first); ``ends``: the batch ends inside them that the decode stands
+        for (by default it is one batch, see ``Engine.prefill``)."""
+        self.copy_pending = False
+        self.tokens.extend(tokens)
+        self.bounds.extend((len(self.tokens),) if ends is None else ends)
+
+    def keep_logits(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` are those its last decode computed: kept for the same prompt
+        again (``live_prefix``)."""
+        self.logits, self.logits_at = logits, len(self.tokens)
+        return logits
+
+    def reset(self, tokens: Sequence[int] = (), bounds: Sequence[int] = ()) -> None:
+        """Its KV now holds ``tokens``, computed in batches ending at ``bounds`` (a
+        restore; by default nothing), and no logits of what it held before."""
+        self.tokens, self.bounds = list(tokens), list(bounds)
+        self.forget_logits()
+
+    def take_displaced(self) -> tuple[list[int], list[int], str | None] | None:
+        """The conversation ``claim`` displaced from it (None: none), handed over once."""
+        displaced, self.displaced = self.displaced, None
+        return displaced
+
+    def rehome(self, session: str | None, scope: str) -> None:
+        """Holds the conversation ``session`` of the cache ``scope`` again, restored
+        into it while idle, as if just used (see ``Pipeline._rehome``)."""
+        self.session, self.scope, self.last_used = session, scope, time.monotonic()
+
 
 class Residents:
     """Claiming, trimming and evicting residents; the engine gives ``residents``, the
@@ -181,5 +211,5 @@ class Residents:
         if res.tokens:
             self._cells().seq_rm(res.seq)
             self.evictions += int(counted)
-        res.tokens, res.bounds, res.session = [], [], None
-        res.forget_logits()
+        res.reset()
+        res.session = None

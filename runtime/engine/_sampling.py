@@ -40,6 +40,15 @@ def _grammar_sampler(model: LlamaModel, grammar: str) -> ll.llama_sampler_p:
     return sampler
 
 
+def check_sampling(model: LlamaModel, sampling: Sampling) -> None:
+    """This model's own rules of a sampling: logit biases name its tokens, a grammar
+    parses over its vocabulary (only the vocabulary is read, fixed once loaded: safe
+    off the worker thread)."""
+    check_logit_bias(model, sampling)
+    if sampling.grammar is not None:
+        check_grammar(model, sampling.grammar)
+
+
 def check_logit_bias(model: LlamaModel, sampling: Sampling) -> None:
     n_vocab = model.n_vocab
     for token, _ in sampling.logit_bias:

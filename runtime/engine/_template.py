@@ -22,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..errors import ModelError, RequestError
 from ..types import Message
 from ._llama import apply_builtin_template
+from ._prompter import Part
 from ._tools import arguments_value
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ BUILTIN_BY_ARCHITECTURE = {
 _MARK = "\ue000{}\ue001"
 _MARKS = re.compile("\ue000(\\d+)\ue001")
 
-Part = tuple[str, bool]  # (text, trusted)
 Tools = list[dict[str, Any]] | None  # the ``tools`` a template receives, OpenAI's shape
 
 

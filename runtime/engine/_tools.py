@@ -28,7 +28,7 @@ from ..types import Message, Request, Tool, ToolCall
 from ._grammars import check_grammar_text, check_schema
 
 if TYPE_CHECKING:
-    from ._template import ChatTemplate, Part
+    from ._prompter import Part, Template
 
 Format = Literal["generic", "hermes", "llama3"]
 
@@ -375,7 +375,7 @@ def _generic_turns(messages: tuple[Message, ...], wrap_replies: bool) -> tuple[M
 
 
 def render_parts(
-    template: ChatTemplate,
+    template: Template,
     plan: ToolPlan | None,
     messages: tuple[Message, ...],
     generation: bool = True,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, get_args
 
 from ..engine import check_choice
 from ..errors import ContextOverflow, RequestError
@@ -34,7 +34,7 @@ from ..types import Budget, Message, Request, Role, Sampling
 from ._sessions import check_session_id, derived_session_id
 
 if TYPE_CHECKING:
-    from ..engine import ToolPlan
+    from ..engine import Prompter, ToolPlan
 
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_TOP_K = 1_000_000
@@ -91,27 +91,6 @@ def check_fits(n_prompt: int, max_tokens: int, n_ctx: int, tools: bool = False) 
     """The overflow rule (see the module docstring): room for one reply token."""
     if n_prompt >= n_ctx:
         raise ContextOverflow(n_prompt, max_tokens, n_ctx, tools=tools)
-
-
-class Prompter(Protocol):
-    """What admission needs from a model: its tool plan, its prompt, its own checks
-    (the engine implements it; so does the fake runtime)."""
-
-    @property
-    def fingerprint(self) -> str: ...
-
-    def tool_plan(self, request: Request) -> ToolPlan | None: ...
-
-    def prompt_ids(
-        self,
-        request: Request,
-        generation: bool = True,
-        plan: ToolPlan | Literal["plan it"] | None = "plan it",
-    ) -> tuple[list[int], tuple[int, ...]]: ...
-
-    def least_tokens(self, request: Request, reach: int) -> int: ...
-
-    def check_sampling(self, sampling: Sampling) -> None: ...
 
 
 @dataclass(frozen=True)

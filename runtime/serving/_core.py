@@ -93,6 +93,7 @@ class LocalRuntime:
         self.tuning = tuning
         self.rates = rates or DEFAULT_RATES
         self.engine = engine
+        self.prompter = engine.prompter  # admission's: the model's prompt work
         self.model_id = model_id
         self.embeddings = embeddings
         self.embedding_model_id = self.embeddings.model_id
@@ -102,6 +103,7 @@ class LocalRuntime:
         self.book = SessionBook(settings.data_dir / "sessions.db", keep_text=keep_text)
         self.env = Env(
             self.engine,
+            self.prompter,
             self._staging(),
             self.store,
             self.tuning,
@@ -201,14 +203,14 @@ class LocalRuntime:
         """Admits ``request`` once (runtime/serving/_admit.py): what generate() runs.
         Busy is raised between the checks and the tokenizing: a 429 must not wait
         for a large prompt's tokens."""
-        prepared = prepare(request, self.engine, budget)
+        prepared = prepare(request, self.prompter, budget)
         self._check_room(request.owner)
-        return fit(prepared, self.engine, self.n_ctx, self.settings.overflow)
+        return fit(prepared, self.prompter, self.n_ctx, self.settings.overflow)
 
     def count_tokens(self, request: Request) -> int:
         # counting queues nothing: it is never refused as Busy
         self._check_open()
-        return prompt_tokens(prepare(request, self.engine), self.engine)
+        return prompt_tokens(prepare(request, self.prompter), self.prompter)
 
     def tokenize(
         self, text: str, add_special: bool = False, parse_special: bool = True
@@ -269,7 +271,7 @@ class LocalRuntime:
         # no derived id for a first message still being typed: it changes as it grows
         admitted = replace(self.admit(request), session_id=sid)
         t = self.tuning
-        plan = plan_draft(self.engine, admitted.request, t.chunk_tokens, t.batch_tile)
+        plan = plan_draft(self.prompter, admitted.request, t.chunk_tokens, t.batch_tile)
         stream = QueueStream()
         with self.worker.lock:
             self._check_room()

@@ -20,10 +20,10 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..engine import Resident
+from ..engine import Prompter, Resident
 from ..kvstore import LoadPlan, aligned_cuts, common_prefix, ends_through
 from ..types import Draft, DraftState, Message, Request
-from ._admit import Admitted, Prompter
+from ._admit import Admitted
 from ._pipeline import Env, Job
 from ._schedule import EndNow, Phase
 from ._sessions import derived_session_id

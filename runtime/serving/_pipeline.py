@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engine import Engine, Resident, TextAssembler, TokenSampler, token_logprob
+from ..engine import Engine, Prompter, Resident, TextAssembler, TokenSampler, token_logprob
 from ..errors import EngineError, WarmstartError
 from ..kvstore import (
     LoadPlan,
@@ -67,6 +67,7 @@ class Env:
     """What a job needs from the runtime (narrow on purpose)."""
 
     engine: Engine
+    prompter: Prompter  # the model's prompt work: the next turn's prompt
     staging: np.ndarray | None  # touched memory that disk reads land in
     store: TieredStore | None
     tuning: Tuning
@@ -177,7 +178,7 @@ class Job:
         except BaseException:
             self._complete_load(plan)
             raise
-        displaced, res.displaced = res.displaced, None
+        displaced = res.take_displaced()
         self.report.restored["live"] = live
         try:
             try:
@@ -267,8 +268,7 @@ class Job:
                 blobs.append(blob)
             ends = plan.ends(len(blobs))
             if ends and engine.restore(home, blobs, tokens, ends_through(bounds, ends[-1])):
-                home.session, home.last_used = session, time.monotonic()
-                home.scope = self.request.cache_scope
+                home.rehome(session, self.request.cache_scope)
         finally:
             store.complete_load(plan)
 
@@ -490,7 +490,7 @@ class Job:
         of the last chunk.
 
         A prefill steps through a reply a token at a time, as it was decoded (see
-        ``Engine.prompt_ids``), so the decoded KV is kept as it is: what is left is the
+        ``kvstore.turn_anchors``), so the decoded KV is kept as it is: what is left is the
         reply's end-of-turn markup, and whatever follows a place where the reply, as
         the template renders it, is tokenized otherwise than it was sampled. The next
         prompt is this one's messages and the reply, as the template renders them; a
@@ -540,7 +540,7 @@ class Job:
         if self.request.messages:
             try:
                 nxt = replace(self.request, messages=(*self.request.messages, reply))
-                ids, anchors = self.env.engine.prompt_ids(nxt, generation=False)
+                ids, anchors = self.env.prompter.prompt_ids(nxt, generation=False)
             except WarmstartError as exc:  # a template that cannot render it: settle less
                 log.info("the next turn cannot be rendered (%s); the reply is not kept", exc)
             else:

@@ -121,12 +121,12 @@ def test_tokenizing_many_short_messages_is_linear(parts: Any) -> None:
 
 def test_the_runtime_keeps_user_text_plain(make_runtime: Any) -> None:
     rt = make_runtime()
-    ids, _ = rt.engine.prompt_ids(chat(INJECTION))
-    honest, _ = rt.engine.prompt_ids(chat("hello"))
+    ids, _ = rt.prompter.prompt_ids(chat(INJECTION))
+    honest, _ = rt.prompter.prompt_ids(chat("hello"))
     model = rt.engine.model
     assert _controls(model, ids) == _controls(model, honest)
     raw = Request(prompt=INJECTION)
-    assert len(_controls(model, rt.engine.prompt_ids(raw)[0])) == 3
+    assert len(_controls(model, rt.prompter.prompt_ids(raw)[0])) == 3
 
 
 TEXTS = st.lists(

@@ -43,15 +43,31 @@ def engine(
 
 
 def test_prompt_ids_are_stable_and_anchored(engine: Engine) -> None:
-    ids, anchors = engine.prompt_ids(ASK)
-    assert ids and (ids, anchors) == engine.prompt_ids(ASK)
+    ids, anchors = engine.prompter.prompt_ids(ASK)
+    assert ids and (ids, anchors) == engine.prompter.prompt_ids(ASK)
     assert all(0 < a <= len(ids) for a in anchors) and list(anchors) == sorted(set(anchors))
-    history, _ = engine.prompt_ids(ASK, generation=False)
+    history, _ = engine.prompter.prompt_ids(ASK, generation=False)
     assert ids[: len(history)] == history and len(history) < len(ids)
 
 
+def test_both_engines_prompts_come_from_one_prompt_work(engine: Engine) -> None:
+    """Each engine's prompter is the one ``ChatPrompter`` over its own template and
+    tokens, so the fake's anchors come from the rule a real model's do (and cannot
+    drift from it): where the system prompt ends (the user's turn opens there), where
+    the user's text starts, and the prompt's last two tokens."""
+    from warmstart.runtime.engine._prompter import ChatPrompter
+
+    prompter = engine.prompter
+    assert isinstance(prompter, ChatPrompter) and prompter.opener and prompter.user_header
+    ids, anchors = prompter.prompt_ids(ASK)
+    system, _ = prompter.prompt_ids(Request(messages=ASK.messages[:1]), generation=False)
+    header = len(prompter.user_header)
+    assert ids[len(system) : len(system) + header] == prompter.user_header
+    assert {len(system), len(system) + header, len(ids) - 2, len(ids)} <= set(anchors)
+
+
 def test_a_prefilled_prompt_is_cut_and_restored_as_the_same_kv(engine: Engine) -> None:
-    ids, _ = engine.prompt_ids(ASK)
+    ids, _ = engine.prompter.prompt_ids(ASK)
     half = len(ids) // 2
     res, live = engine.claim(ids, [half, len(ids)], "protocol", share=True)
     try:
@@ -87,9 +103,9 @@ def test_the_vocabulary_reads_back_and_bad_sampling_is_refused(engine: Engine) -
     assert b"".join(engine.model.piece(t) for t in ids).decode().strip() == "hello world"
     assert not any(engine.model.is_eog(t) for t in ids)
     with pytest.raises(RequestError):
-        engine.check_sampling(Sampling(logit_bias=((engine.model.n_vocab + 5, 1.0),)))
+        engine.prompter.check_sampling(Sampling(logit_bias=((engine.model.n_vocab + 5, 1.0),)))
     with pytest.raises(RequestError):
-        engine.check_sampling(Sampling(grammar="root ::= ("))
+        engine.prompter.check_sampling(Sampling(grammar="root ::= ("))
 
 
 def test_the_fakes_kv_holds_its_tokens() -> None:
@@ -98,7 +114,7 @@ def test_the_fakes_kv_holds_its_tokens() -> None:
     from warmstart.runtime.engine._fake import FakeEngine, FakeOptions
 
     engine = FakeEngine(512, 1, FakeOptions(prefill_delay=0.0))
-    ids, _ = engine.prompt_ids(ASK)
+    ids, _ = engine.prompter.prompt_ids(ASK)
     res, _ = engine.claim(ids, [len(ids)], None, share=True)
     assert engine.prefill(res, ids, want_logits=False)
     out = np.empty(engine.blob_bytes(len(ids)), dtype=np.uint8)

@@ -41,9 +41,9 @@ def test_generic_forced_call(make_runtime) -> None:  # type: ignore[no-untyped-d
 
 def test_hermes_forced_call(make_runtime) -> None:  # type: ignore[no-untyped-def]
     rt = make_runtime()
-    engine = rt.engine
-    engine.template = ChatTemplate(QWEN, engine.bos_text, "<|im_end|>")
-    engine.tool_format = "hermes"
+    prompter, model = rt.prompter, rt.engine.model
+    prompter.template = ChatTemplate(QWEN, model.token_text(model.bos), "<|im_end|>")
+    prompter.tool_format = "hermes"
     text, reply = _call(rt)
     assert text.startswith("<tool_call>\n{") and text.rstrip().endswith("</tool_call>")
     (call,) = reply.tool_calls

@@ -31,9 +31,10 @@ def test_its_prompts_have_turns_as_a_real_chat_models_do(tmp_path: Path) -> None
 
     engine = LlamaEngine(EngineConfig(synthetic_model("tiny", tmp_path), "x", 512, 1))
     try:
-        assert engine.opener and engine.user_header  # the assistant's and the user's
+        prompter = engine.prompter
+        assert prompter.opener and prompter.user_header  # the assistant's and the user's
         turns = (Message("system", "Be brief."), Message("user", "Hi"))
-        ids, anchors = engine.prompt_ids(Request(messages=turns))
+        ids, anchors = prompter.prompt_ids(Request(messages=turns))
         # the system prompt's end, the user's text, and the prompt's last batches
         assert len(anchors) >= 4 and anchors[-1] == len(ids)
         assert engine.model.is_eog(engine.model.n_vocab - 1)  # <|eot_id|> ends a reply

@@ -100,15 +100,15 @@ def test_trim_keeps_the_system_prompt_and_the_last_turns(
 
 
 def _untokenized(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
-    """The requests the engine was asked to tokenize, from now on."""
+    """The requests the prompter was asked to tokenize, from now on."""
     seen: list[Request] = []
-    tokenize = runtime.engine.prompt_ids
+    tokenize = runtime.prompter.prompt_ids
 
     def spy(request: Request, *args: object, **kwargs: object) -> object:
         seen.append(request)
         return tokenize(request, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runtime.engine, "prompt_ids", spy)
+    monkeypatch.setattr(runtime.prompter, "prompt_ids", spy)
     return seen
 
 

@@ -55,7 +55,7 @@ def _second_turn(rt: Any, history: int) -> tuple[int, list[tuple[int, int]], int
     text = (PAGE * (history // len(PAGE) + 1))[:history]
     messages: tuple[Message, ...] = (system, Message("user", text))
     messages += (_ask(rt, messages, ban), Message("user", "And after that, what then?"))
-    start = len(engine.prompt_ids(Request(messages=messages[:-1]), generation=False)[0])
+    start = len(engine.prompter.prompt_ids(Request(messages=messages[:-1]), generation=False)[0])
     spans: list[tuple[int, int]] = []
     snapshot: Callable[..., list[Any]] = engine.snapshot
 

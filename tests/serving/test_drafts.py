@@ -69,7 +69,7 @@ def test_the_certain_part_ends_where_a_cold_run_of_any_longer_text_has_a_batch_e
     plan = plan_draft(rt.engine, draft, t.chunk_tokens, t.batch_tile)
     for more in ("ported", "d", " the most?", "\n\nAnd which the least?"):
         final = _typed("Which station re" + more)
-        ids, anchors = rt.engine.prompt_ids(final)
+        ids, anchors = rt.prompter.prompt_ids(final)
         cuts = batch_cuts(len(ids), t.chunk_tokens, anchors, TAIL_TOKENS, t.batch_tile)
         assert list(plan.ids[: plan.certain]) == ids[: plan.certain]
         assert list(plan.cuts) == [c for c in cuts if c <= plan.certain], more

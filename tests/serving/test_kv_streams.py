@@ -46,7 +46,7 @@ def _chunks(rt, request: Request) -> list[bytes]:  # type: ignore[no-untyped-def
     from warmstart.runtime.kvstore import TAIL_TOKENS, batch_cuts
 
     rt.wait_idle()
-    ids, anchor = rt.engine.prompt_ids(request)
+    ids, anchor = rt.prompter.prompt_ids(request)
     tuning = rt.tuning
     cuts = batch_cuts(len(ids), tuning.chunk_tokens, anchor, TAIL_TOKENS, tuning.batch_tile)[:-1]
     plan = rt.store.prepare_load(ids, cuts)
@@ -262,7 +262,7 @@ def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path, chunk
     second = Request(messages=follow, sampling=Sampling(max_tokens=12))
     again, report = merged.generate(second).text()  # at once: the reply is still settling
     assert again == oracle.generate(second).text()[0]
-    assert report.cached_tokens > len(merged.engine.prompt_ids(probe)[0])
+    assert report.cached_tokens > len(merged.prompter.prompt_ids(probe)[0])
     other = Request(
         messages=(system, Message("user", "Which shelf has crate 7?")),
         sampling=Sampling(max_tokens=12),
@@ -270,8 +270,8 @@ def test_batches_merged_by_kind_give_the_same_bits(make_runtime, tmp_path, chunk
     answer, report = merged.generate(other).text()
     assert answer == oracle.generate(other).text()[0]
     # the system prompt and the user's turn markup after it
-    header = len(merged.engine.user_header)
-    assert report.cached_tokens == merged.engine.prompt_ids(probe)[1][0] + header
+    header = len(merged.prompter.user_header)
+    assert report.cached_tokens == merged.prompter.prompt_ids(probe)[1][0] + header
 
 
 def test_a_prompt_prefilled_in_pieces_while_others_wait_gives_the_same_bits(  # type: ignore[no-untyped-def]

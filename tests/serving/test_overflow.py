@@ -19,7 +19,7 @@ def _long_chat(rt, turns: int = 30) -> Request:  # type: ignore[no-untyped-def]
         messages.append(Message("assistant", f"Fact {i}: the sea is deep and wide. " * 5))
     messages.append(Message("user", "Which fact came last?"))
     request = Request(messages=tuple(messages), sampling=Sampling(max_tokens=16), session_id="long")
-    assert len(rt.engine.prompt_ids(request)[0]) > 3 * rt.n_ctx  # three contexts' worth
+    assert len(rt.prompter.prompt_ids(request)[0]) > 3 * rt.n_ctx  # three contexts' worth
     return request
 
 

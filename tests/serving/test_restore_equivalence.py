@@ -99,7 +99,7 @@ def test_a_prompt_that_diverges_inside_a_chunk(make_runtime) -> None:  # type: i
     # same question, different ending: diverges inside the last 64-token chunk, which
     # was computed as one batch with the old ending; the restore stops where it began
     near = chat(Q1.replace("one fact", "two facts"))
-    _, anchors = rt.engine.prompt_ids(near)
+    _, anchors = rt.prompter.prompt_ids(near)
     logits, report = rt.prompt_logits(near)
     assert 0 < report.restored["ram"] < report.prompt_tokens - 2, report
     assert report.restored["ram"] % 64 == 0 or report.restored["ram"] in anchors

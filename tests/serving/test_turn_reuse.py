@@ -39,7 +39,7 @@ def _reply(rt, request: Request, wait: bool = True) -> tuple[Message, int]:  # t
 
 def _history_tokens(rt, messages: tuple[Message, ...], request: Request) -> int:  # type: ignore[no-untyped-def]
     """Where the next message starts: the history as the next prompt renders it."""
-    ids, _ = rt.engine.prompt_ids(replace(request, messages=messages), generation=False)
+    ids, _ = rt.prompter.prompt_ids(replace(request, messages=messages), generation=False)
     return len(ids)
 
 
@@ -151,7 +151,7 @@ def test_a_repeat_after_the_reply_was_kept_decodes_nothing_before_its_reply(  # 
     first, _ = _reply(rt, request)
     again, cached = _reply(rt, request)
     assert again == first == _reply(oracle, request)[0]
-    ids, _ = rt.engine.prompt_ids(request)
+    ids, _ = rt.prompter.prompt_ids(request)
     assert cached == len(ids), cached
 
 
@@ -173,7 +173,7 @@ def test_a_repeat_drawn_from_the_kept_logits_equals_the_cold_reply(  # type: ign
     rt = make_runtime(tmp_path / "cached")
     oracle = make_runtime(tmp_path / "oracle", no_cache=True)
     request = Request(messages=(SYSTEM, Message("user", "Name a colour.")), sampling=sampling)
-    ids, _ = rt.engine.prompt_ids(request)
+    ids, _ = rt.prompter.prompt_ids(request)
 
     def events(runtime) -> tuple[list[object], object]:  # type: ignore[no-untyped-def]
         out = list(runtime.generate(request))
@@ -217,7 +217,7 @@ def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
     again, cached = _reply(rt, second)
     assert again.content == _reply(oracle, second)[0].content
     reply_ends = _history_tokens(rt, second.messages[:-1], second) - 2  # (its markup)
-    assert cached >= reply_ends - 1 and cached >= len(rt.engine.prompt_ids(first)[0]) + 5
+    assert cached >= reply_ends - 1 and cached >= len(rt.prompter.prompt_ids(first)[0]) + 5
 
 
 @pytest.mark.parametrize("step_replies", [True, False], ids=["stepped", "re-prefilled"])
@@ -233,7 +233,7 @@ def test_a_repeat_of_the_request_just_answered_decodes_nothing(  # type: ignore[
     rt = make_runtime(tmp_path / "cached", step_replies=step_replies)
     request = _chat((SYSTEM, Message("user", "Name a colour.")))
     other = _chat((Message("system", "You are terse."), Message("user", "Count to five.")))
-    n_ids = len(rt.engine.prompt_ids(request)[0])
+    n_ids = len(rt.prompter.prompt_ids(request)[0])
     decodes: list[tuple[int, int]] = []  # (sequence, where the decode ends) of every decode
     others: list[Message] = []
     prefill = rt.engine.prefill
