@@ -66,7 +66,7 @@ def test_the_certain_part_ends_where_a_cold_run_of_any_longer_text_has_a_batch_e
     rt = make_runtime(tmp_path)
     t = rt.tuning
     draft = _typed("Which station re")
-    plan = plan_draft(rt.engine, draft, t.chunk_tokens, t.batch_tile)
+    plan = plan_draft(rt.prompter, draft, t.chunk_tokens, t.batch_tile)
     for more in ("ported", "d", " the most?", "\n\nAnd which the least?"):
         final = _typed("Which station re" + more)
         ids, anchors = rt.prompter.prompt_ids(final)
