@@ -25,7 +25,7 @@ import random
 import re
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import RequestError
 from ..types import Message, Request, Sampling
@@ -186,18 +186,8 @@ class FakePrompter(ChatPrompter):
         )
         self._lock = threading.Lock()  # the scripts: written by any thread's prompt_ids
 
-    def prompt_ids(
-        self,
-        request: Request,
-        generation: bool = True,
-        plan: _tools.ToolPlan | Literal["plan it"] | None = "plan it",
-    ) -> tuple[list[int], tuple[int, ...]]:
-        if isinstance(plan, str):  # "plan it"
-            plan = self.tool_plan(request)
-        ids, anchors = super().prompt_ids(request, generation, plan)
-        if generation:
-            self._remember(ids, self._script(request, plan))
-        return ids, anchors
+    def _made(self, request: Request, plan: _tools.ToolPlan | None, ids: list[int]) -> None:
+        self._remember(ids, self._script(request, plan))
 
     def script(self, prompt: Sequence[int]) -> list[int]:
         """The reply fixed for the prompt ``prompt`` ([] for one never made here)."""

@@ -98,11 +98,24 @@ class ChatPrompter:
         Message contents are plain text: only the template's markup holds control
         tokens (a raw completion prompt is the client's own markup, parsed whole).
         ``plan``: the request's tool plan, when admission already made it."""
-        if request.prompt is not None:
-            ids = self.tokens.ids([(request.prompt, True)])
-            return ids, self.turn_starts(ids)
         if isinstance(plan, str):  # "plan it"
             plan = self.tool_plan(request)
+        if request.prompt is not None:
+            ids = self.tokens.ids([(request.prompt, True)])
+            anchors = self.turn_starts(ids)
+        else:
+            ids, anchors = self._chat_ids(request, generation, plan)
+        if generation:
+            self._made(request, plan, ids)
+        return ids, anchors
+
+    def _made(self, request: Request, plan: _tools.ToolPlan | None, ids: list[int]) -> None:
+        """Sees each prompt made for a reply (the fake fixes its reply here)."""
+
+    def _chat_ids(
+        self, request: Request, generation: bool, plan: _tools.ToolPlan | None
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """``prompt_ids`` of a chat, its tool plan made."""
         messages = plan.messages if plan else request.messages
         tools = plan.tools if plan else None
         if plan and plan.format != "generic":
