@@ -293,7 +293,7 @@ def test_another_short_question_is_one_decode_and_equals_no_cache(  # type: igno
     rt.engine.prefill = counted
     other = _chat((system, Message("user", "Name a fruit.")))
     reply, calls, done = prompt_decodes(other)
-    ids, anchors = rt.engine.prompt_ids(other)
+    ids, anchors = rt.prompter.prompt_ids(other)
     text = max(a for a in anchors if a < len(ids) - 2)  # where the question starts
     assert done.report.restored["live"] == text and done.report.restored["ram"] == 0
     assert calls == [text - len(ids)], calls  # one decode: the question and its tail
