@@ -1,7 +1,9 @@
 """The conversations resident in an engine's context, and the bookkeeping of which
 tokens each one's KV holds: claiming a sequence for a prompt (with the longest live
 prefix it can reuse), trimming, evicting. Shared by every engine (the llama.cpp one
-and the fake): what differs is only the context that removes and copies cells.
+and the fake): what differs is only the context that removes and copies cells. A
+``Resident`` changes only here, through its methods and ``Residents``' (the engines'
+decodes and restores and the pipeline call them; tests/engine/test_residents.py).
 """
 
 from __future__ import annotations

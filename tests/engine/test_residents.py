@@ -3,7 +3,10 @@ bookkeeping drives the llama.cpp one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ast
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from warmstart.runtime.engine._fake import FakeEngine, FakeOptions
@@ -52,3 +55,40 @@ def test_otherwise_it_stays_live_and_another_sequence_loads_the_prefix(
     res, live = _other_question(engine, kept)
     assert res is not held and held.tokens == SHARED + tail and res.displaced is None
     assert live == 0  # the store holds the shared prefix: a restore loads it
+
+
+def _resident_changes(tree: ast.Module, fields: set[str]) -> Iterator[int]:
+    """Lines that set, delete or grow a ``Resident`` field of an object other than
+    ``self`` (no other class of the engine or the runtime has fields of those names)."""
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [
+                e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])
+            ]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = [t.value if isinstance(t, ast.Subscript) else t for t in node.targets]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            targets = [node.func.value] if node.func.attr in ("append", "extend") else []
+        for t in targets:
+            if not (isinstance(t, ast.Attribute) and t.attr in fields):
+                continue
+            if not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                yield node.lineno
+
+
+def test_a_resident_changes_only_in_its_own_module() -> None:
+    """What a resident's KV holds is one module's bookkeeping (_residents.py): the
+    engines and the pipeline call its methods, so both engines keep it alike."""
+    fields = {f.name for f in dataclasses.fields(Resident)} - {"seq"}
+    runtime = Path(__file__).resolve().parents[2] / "runtime"
+    found = [
+        f"{path.relative_to(runtime)}:{line}"
+        for package in ("engine", "serving")
+        for path in sorted((runtime / package).glob("*.py"))
+        if path.name != "_residents.py"
+        for line in _resident_changes(ast.parse(path.read_text("utf-8")), fields)
+    ]
+    assert found == []
