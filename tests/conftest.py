@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,6 +73,40 @@ def model_path() -> Path:
     digest = DigestCache(MODELS_DIR.parent / "digests.json").digest(path)
     choose_extra_buffers("auto", path, digest, SHARED_VERDICTS)
     return path
+
+
+# A hang guard, not a measurement: `warmstart doctor` calibrating on a machine whose
+# cores other work shares took minutes (see tests/api/real.py).
+CALIBRATION_HANG_S = 3600
+
+
+@pytest.fixture(scope="session")
+def calibration(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This machine's calibration record for the default model (calibration.json),
+    measured once per run by `warmstart doctor`. A real server whose fresh data dir gets
+    a copy (:func:`seed_calibration`) starts as a user's second start does, in seconds,
+    where calibrating again cost each module some 17 s. The record is keyed by machine
+    and model fingerprint, so a server whose settings change the fingerprint measures
+    its own. Tests of the calibration itself keep data dirs without it."""
+    data_dir = tmp_path_factory.mktemp("calibrated")
+    seed_extra_buffer_verdicts(data_dir)
+    doctor = [sys.executable, "-m", "warmstart.runtime.cli", "doctor", "--json"]
+    where = ["--data-dir", str(data_dir), "--model", str(model_path)]
+    done = subprocess.run(
+        [*doctor, *where], capture_output=True, text=True, timeout=CALIBRATION_HANG_S
+    )
+    record = data_dir / "calibration.json"
+    assert done.returncode == 0 and record.is_file(), done.stderr[-4000:]
+    return record
+
+
+def seed_calibration(record: Path | None, data_dir: Path) -> None:
+    """Gives ``data_dir`` a copy of the run's calibration ``record`` (None: none, the
+    server calibrates); a data dir that has one keeps it."""
+    target = data_dir / "calibration.json"
+    if record is not None and not target.exists():
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copy(record, target)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from tests.api.conftest import Server, run_server
+from tests.conftest import seed_calibration
 
 N_CTX = 2048
 # Loading the model and calibrating the machine on a fresh data dir: seconds of the
@@ -38,6 +39,7 @@ def real_server(
     model: Path,
     data_dir: Path,
     *args: str,
+    calibration: Path | None,
     env: dict[str, str] | None = None,
     resident: int = 8,
     preexec_fn: Callable[[], None] | None = None,
@@ -45,11 +47,15 @@ def real_server(
 ) -> Iterator[Server]:
     """``warmstart serve`` on the real model and a free loopback port, stopped after
     (``env``: variables to add, such as a hub imitation's HF_ENDPOINT).
+    ``calibration``: the run's calibration record (tests/conftest.py), copied into a
+    data dir that has none so the server starts without calibrating; None where the
+    test needs the server to calibrate (or to reuse its data dir's own record).
 
     Any traceback or error in its log fails the test that owns it: the API hides
     a failure that happens after the reply (capturing chunks, saving the session).
     ``expected``: log lines that a test causes on purpose, not failures."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    seed_calibration(calibration, data_dir)
     cmd = serve_command(model, data_dir, resident)
     with run_server(
         cmd,

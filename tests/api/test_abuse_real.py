@@ -55,9 +55,13 @@ def _fd_limit() -> None:
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def real(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("real-abuse")
-    with real_server(model_path, data_dir, resident=2, preexec_fn=_fd_limit) as server:
+    with real_server(
+        model_path, data_dir, calibration=calibration, resident=2, preexec_fn=_fd_limit
+    ) as server:
         yield server
 
 

@@ -38,14 +38,15 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, data_root: Path) -> Iterator[Server]:
-    with real_server(model_path, data_root / "cached") as server:
+def real(model_path: Path, calibration: Path, data_root: Path) -> Iterator[Server]:
+    with real_server(model_path, data_root / "cached", calibration=calibration) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def oracle(model_path: Path, data_root: Path) -> Iterator[Server]:
-    with real_server(model_path, data_root / "no-cache", "--no-cache") as server:
+def oracle(model_path: Path, calibration: Path, data_root: Path) -> Iterator[Server]:
+    no_cache = data_root / "no-cache"
+    with real_server(model_path, no_cache, "--no-cache", calibration=calibration) as server:
         yield server
 
 

@@ -67,8 +67,11 @@ def _error(response: httpx.Response) -> str:
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with real_server(model_path, tmp_path_factory.mktemp("grammars") / "data") as server:
+def real(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("grammars") / "data"
+    with real_server(model_path, data_dir, calibration=calibration) as server:
         yield server
 
 

@@ -47,12 +47,12 @@ def _cold_not_hit(ttft: float, cold: float, hit: float) -> bool:
 
 
 @pytest.mark.timeout(1500)  # two starts and seven cold prefills, on a loaded machine
-def test_isolation_by_measurement(model_path: Path, tmp_path: Path) -> None:
+def test_isolation_by_measurement(model_path: Path, calibration: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
     keys_file = data / "keys.json"
     keys = {name: add_user(keys_file, name) for name in ("alice", "bob")}
     keys.update({name: add_user(keys_file, name, cache_group="home") for name in ("carol", "dave")})
-    with real_server(model_path, data) as srv:
+    with real_server(model_path, data, calibration=calibration) as srv:
         cold = _ask(srv, keys["alice"], DOC)
         hit = _ask(srv, keys["alice"], DOC)
         assert cold["cached"] == 0 and hit["cached"] > 0
@@ -73,7 +73,7 @@ def test_isolation_by_measurement(model_path: Path, tmp_path: Path) -> None:
         assert salted["cached"] == 0 and again["cached"] > 0
         assert _ask(srv, keys["alice"], DOC, cache_salt="other")["cached"] == 0
         keys["erin"] = add_user(keys_file, "erin")  # taken without a restart
-    with real_server(model_path, data) as srv:
+    with real_server(model_path, data, calibration=calibration) as srv:
         back = _ask(srv, keys["alice"], DOC)  # from disk, after the restart
         assert back["cached"] > 0
         # the references again, beside erin's: the load on the machine moves between

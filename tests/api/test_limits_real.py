@@ -45,13 +45,17 @@ LONG = {"prompt": "word " * 900, "max_tokens": 1100, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def real(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     env = {"WARMSTART_SEND_TIMEOUT": str(SEND_TIMEOUT_S)}
     data_dir = tmp_path_factory.mktemp("real-limits")
     # uvicorn logs this when a reply to a client that stopped reading is given up;
     # it is the expected end of that test, not a failure
     given_up = "ERROR:    ASGI callable returned without completing response."
-    with real_server(model_path, data_dir, env=env, resident=2, expected=(given_up,)) as server:
+    with real_server(
+        model_path, data_dir, calibration=calibration, env=env, resident=2, expected=(given_up,)
+    ) as server:
         yield server
 
 

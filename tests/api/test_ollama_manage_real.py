@@ -60,17 +60,20 @@ def hub() -> Iterator[Hub]:
 
 @pytest.fixture(scope="module")
 def served(
-    model_path: Path, tmp_path_factory: pytest.TempPathFactory, hub: Hub
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory, hub: Hub
 ) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("ollama-manage")
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"}
-    with real_server(model_path, data_dir, env=env) as server:
+    with real_server(model_path, data_dir, calibration=calibration, env=env) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def uncached(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with real_server(model_path, tmp_path_factory.mktemp("ollama-nocache"), "--no-cache") as s:
+def uncached(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("ollama-nocache")
+    with real_server(model_path, data_dir, "--no-cache", calibration=calibration) as s:
         yield s
 
 

@@ -29,9 +29,11 @@ GREEDY = {"temperature": 0, "num_predict": 16}
 
 
 @pytest.fixture(scope="module")
-def served(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def served(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("ollama-real")
-    with real_server(model_path, data_dir, "--api-key", KEY) as server:
+    with real_server(model_path, data_dir, "--api-key", KEY, calibration=calibration) as server:
         yield server
 
 

@@ -8,7 +8,6 @@ prompts are short except where a difference in TTFT must be clear.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +44,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, data_root: Path) -> Iterator[Server]:
-    with real_server(model_path, data_root / "main") as server:
+def real(model_path: Path, calibration: Path, data_root: Path) -> Iterator[Server]:
+    with real_server(model_path, data_root / "main", calibration=calibration) as server:
         yield server
 
 
@@ -256,17 +255,14 @@ def test_loopback_without_a_key_works(real: Server) -> None:
     assert httpx.get(real.v1 + "/models").status_code == 200  # no Authorization at all
 
 
-def test_api_key_is_required_when_set(real: Server, model_path: Path, data_root: Path) -> None:
+def test_api_key_is_required_when_set(
+    real: Server, model_path: Path, calibration: Path, data_root: Path
+) -> None:
     # The bind rule (no exposed bind without a key) is tested on serve() in test_auth;
-    # this checks the key itself on the real model. The calibration is per machine and
-    # model, so the first server's is reused and this one starts in seconds.
+    # this checks the key itself on the real model.
     keyed_dir = data_root / "keyed"
-    keyed_dir.mkdir()
-    calibration = data_root / "main" / "calibration.json"
-    if calibration.exists():
-        shutil.copy(calibration, keyed_dir / "calibration.json")
     body = {"messages": HI, "max_tokens": 2}
-    with real_server(model_path, keyed_dir, "--api-key", KEY) as keyed:
+    with real_server(model_path, keyed_dir, "--api-key", KEY, calibration=calibration) as keyed:
         url = keyed.v1 + "/chat/completions"
         for headers in ({}, {"Authorization": "Bearer wrong-key-0000"}, {"Authorization": KEY}):
             response = httpx.post(url, json=body, headers=headers, timeout=60)

@@ -41,11 +41,13 @@ WEATHER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def servers(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def servers(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("responses-real")
     with (
-        real_server(model_path, root / "cached") as cached,
-        real_server(model_path, root / "cold", "--no-cache") as cold,
+        real_server(model_path, root / "cached", calibration=calibration) as cached,
+        real_server(model_path, root / "cold", "--no-cache", calibration=calibration) as cold,
     ):
         yield cached, cold
 

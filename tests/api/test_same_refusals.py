@@ -102,13 +102,13 @@ def test_the_fake_refuses_alike_on_both_dialects(server: Server) -> None:
 
 
 @pytest.mark.slow
-def test_the_real_model_refuses_alike(model_path: Path, tmp_path: Path) -> None:
+def test_the_real_model_refuses_alike(model_path: Path, calibration: Path, tmp_path: Path) -> None:
     from tests.api.real import real_server
 
     fake_cmd = [sys.executable, "-m", "warmstart.runtime.api", "--fake"]
     with run_server(fake_cmd) as fake:
         expected = refusals(fake)
-    with real_server(model_path, tmp_path / "real") as real:
+    with real_server(model_path, tmp_path / "real", calibration=calibration) as real:
         found = refusals(real)
     _check(found)
     # the same rules: the same words, but for the prompt's length in tokens

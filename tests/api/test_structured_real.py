@@ -60,8 +60,11 @@ PROMPTS = (
 
 
 @pytest.fixture(scope="module")
-def real(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with real_server(model_path, tmp_path_factory.mktemp("structured") / "data") as server:
+def real(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("structured") / "data"
+    with real_server(model_path, data_dir, calibration=calibration) as server:
         yield server
 
 

@@ -51,8 +51,11 @@ def _ask(question: str) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with real_server(model_path, tmp_path_factory.mktemp("tools-real")) as s:
+def server(
+    model_path: Path, calibration: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("tools-real")
+    with real_server(model_path, data_dir, calibration=calibration) as s:
         yield s
 
 

@@ -1,8 +1,8 @@
 """Real HTTP servers on loopback for the app's end-to-end tests.
 
 - ``real_server``: ``warmstart serve`` on the real default model (the acceptance tests).
-  One process serves the whole run: its first start calibrates the machine (~20 s on
-  two cores) and each start loads the model (~5 s). Conversation ids are fresh UUIDs,
+  One process serves the whole run, on a data dir with the run's calibration record;
+  each start loads the model (~5 s). Conversation ids are fresh UUIDs,
   so the tests do not see each other's conversations; a test that needs an empty
   cache cannot have one. ``server.restart()`` keeps the data dir: the RAM pool and
   the live context are gone, the disk tier is not. ``WARMSTART_APP_TEST_SERVER_CMD``
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.conftest import seed_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough to keep a reply quick on two CPU cores, big enough that a
@@ -110,10 +112,12 @@ def servers(tmp_path: Path) -> Iterator[Callable[[Callable[[int], list[str]]], S
 
 @pytest.fixture(scope="session")
 def shared_real_server(
-    tmp_path_factory: pytest.TempPathFactory, model_path: Path
+    tmp_path_factory: pytest.TempPathFactory, model_path: Path, calibration: Path
 ) -> Iterator[ServerProcess]:
-    """One ``warmstart serve`` process for the whole run, started on first use."""
+    """One ``warmstart serve`` process for the whole run, started on first use, on a
+    data dir with the run's calibration (tests/conftest.py)."""
     data_dir = tmp_path_factory.mktemp("warmstart-data")
+    seed_calibration(calibration, data_dir)
 
     def command(port: int) -> list[str]:
         custom = os.environ.get("WARMSTART_APP_TEST_SERVER_CMD")

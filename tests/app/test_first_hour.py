@@ -32,7 +32,7 @@ from warmstart.app.qt.theme import Theme
 from warmstart.app.qt.views.memory_panel import axis_top, tick_label
 
 from tests.app.servers import REAL_SETTINGS, ROOT, ServerProcess
-from tests.conftest import seed_extra_buffer_verdicts
+from tests.conftest import seed_calibration, seed_extra_buffer_verdicts
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 SMOL, GEMMA = "smollm2-135m", "gemma-3-270m-q4_k_m"
@@ -42,13 +42,16 @@ SHOTS = os.environ.get("WARMSTART_SCREENSHOTS")
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory, model_path: Path, gemma_path: Path) -> Path:
+def data_dir(
+    tmp_path_factory: pytest.TempPathFactory, model_path: Path, gemma_path: Path, calibration: Path
+) -> Path:
     data = tmp_path_factory.mktemp("first-hour")
     models = data / "models"
     models.mkdir()
     for path in (model_path, gemma_path):
         (models / path.name).symlink_to(path)
     seed_extra_buffer_verdicts(data)
+    seed_calibration(calibration, data)
     return data
 
 

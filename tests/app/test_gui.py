@@ -183,10 +183,15 @@ def test_plain_openai_server_still_chats(qtbot, plain_server, app_data):
 
 
 @pytest.mark.slow
-def test_warmstart_without_its_own_routes_is_a_plain_server(qtbot, model_path, tmp_path, app_data):
+def test_warmstart_without_its_own_routes_is_a_plain_server(
+    qtbot, model_path, calibration, tmp_path, app_data
+):
     """``warmstart serve --no-warmstart-routes`` answers as vLLM would (no /v1/warmstart):
     the app chats, and its memory panel says the server does not report its cache."""
     from tests.app.servers import REAL_SETTINGS, ServerProcess
+    from tests.conftest import seed_calibration
+
+    seed_calibration(calibration, tmp_path / "data")
 
     def command(port: int) -> list[str]:
         serve = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--port", str(port)]
@@ -195,7 +200,7 @@ def test_warmstart_without_its_own_routes_is_a_plain_server(qtbot, model_path, t
 
     server = ServerProcess(command, tmp_path / "plain-warmstart.log")
     try:
-        server.start(timeout=300)  # a fresh data dir: the machine is calibrated first
+        server.start(timeout=300)
         app = make_app(qtbot, app_data, server.url, max_tokens=8)
         send(qtbot, app, "hi", REAL_WAIT)
         assert app.store.messages(app.chat.current)[-1].content

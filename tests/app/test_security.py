@@ -31,6 +31,7 @@ from warmstart.app.qt.application import Options, WarmstartApp
 from tests.app.impostor import Impostor
 from tests.app.jsonhttp import JSONHandler
 from tests.app.servers import ROOT, free_port
+from tests.conftest import seed_calibration
 
 WAIT = 30_000
 KEY = "s3cret-remote-key-0123456789"
@@ -560,7 +561,7 @@ def test_warmstart_serve_started_like_the_app_does_takes_the_key_from_the_file(
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
 def test_the_real_server_started_like_the_app_does_leaves_an_impostor_nothing(
-    tmp_path, model_path, monkeypatch
+    tmp_path, model_path, calibration, monkeypatch
 ):
     """``warmstart serve`` on the real model, with the socket, key and environment the
     app gives it: killed, and its port taken at once, the app's next message and
@@ -572,6 +573,7 @@ def test_the_real_server_started_like_the_app_does_leaves_an_impostor_nothing(
     app_dir = tmp_path / "app"
     app_dir.mkdir(mode=0o700)
     sock = socket_path_for(app_dir)
+    seed_calibration(calibration, tmp_path / "data")
     env = {
         "PYTHONPATH": str(ROOT),
         "WARMSTART_DATA_DIR": str(tmp_path / "data"),
