@@ -33,6 +33,7 @@ from warmstart.runtime._embed_queue import MAX_EMBED_TOKENS
 from tests.api.conftest import Server, run_server
 from tests.api.real import START_TIMEOUT_S, real_server, serve_command
 from tests.api.slowbody import SlowBodies
+from tests.conftest import seed_calibration
 from tests.timing import median, slowest, timed
 
 pytestmark = pytest.mark.slow
@@ -168,7 +169,10 @@ def test_slow_bodies_from_one_address_leave_others_served(real: Server) -> None:
     assert median(chats) < 3 * baseline, (baseline, chats)
 
 
-def test_sigterm_during_a_long_embedding_ends_the_process(model_path: Path, tmp_path: Path) -> None:
+def test_sigterm_during_a_long_embedding_ends_the_process(
+    model_path: Path, calibration: Path, tmp_path: Path
+) -> None:
+    seed_calibration(calibration, tmp_path)
     cmd = serve_command(model_path, tmp_path, resident=2)
     with run_server(cmd, start_timeout_s=START_TIMEOUT_S, log_dir=tmp_path) as srv:
         client, _ = _abandoned(srv.v1 + "/embeddings", {"input": LONG_TEXTS}, after_s=120.0)

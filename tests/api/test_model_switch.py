@@ -155,12 +155,13 @@ def test_a_switch_waits_boundedly_then_cancels_the_replies_in_progress(setup: Se
     long_reply = threading.Thread(target=slow)
     long_reply.start()
     time.sleep(0.3)  # it is generating, a token every 50 ms
-    t0 = time.monotonic()
     assert setup.ask("beta", max_tokens=4).model == "beta"
-    assert time.monotonic() - t0 < 10  # 0.5 s of waiting, not the reply's 20 s
     long_reply.join(timeout=30)
     assert done and done[0].model == "alpha"
     assert done[0].model_extra["x_warmstart"]["finish_reason"] == "cancelled"  # type: ignore[index]
+    # 0.5 s of waiting, not the reply's 20 s: counted in the reply's own tokens, which
+    # a loaded machine slows down as it slows the switch (a bound in seconds it breaks)
+    assert done[0].usage is not None and done[0].usage.completion_tokens < 400 // 2
 
 
 @pytest.mark.parametrize("setup", [{"open_s": 1.0}], indirect=True)

@@ -23,7 +23,7 @@ from warmstart.runtime.serving._factory import build_runtime
 
 from tests.api.conftest import run_server
 from tests.api.inproc import serving
-from tests.conftest import SYSTEM, seed_extra_buffer_verdicts, small_settings
+from tests.conftest import SYSTEM, seed_calibration, seed_extra_buffer_verdicts, small_settings
 
 pytestmark = pytest.mark.slow
 
@@ -96,12 +96,14 @@ def test_alternating_models_by_name_get_their_own_replies_and_caches(
 
 
 def test_warmstart_serve_switches_through_its_factory(
-    tmp_path: Path, model_path: Path, gemma_path: Path
+    tmp_path: Path, model_path: Path, gemma_path: Path, calibration: Path
 ) -> None:
     """The real command: `warmstart serve` opens the other model through the factory
-    (probe, calibration, policy), on the load route and on a request naming it."""
+    (probe, calibration, policy), on the load route and on a request naming it. The
+    default model starts on the run's calibration record; Gemma calibrates on its switch."""
     install(tmp_path, model_path, gemma_path)
     seed_extra_buffer_verdicts(tmp_path)
+    seed_calibration(calibration, tmp_path)
     cmd = [sys.executable, "-m", "warmstart.runtime.cli", "serve", "--data-dir", str(tmp_path)]
     with run_server(cmd, "--prewarm-sessions", "0", start_timeout_s=180, log_dir=tmp_path) as srv:
         cards = httpx.get(srv.v1 + "/models").json()["data"]

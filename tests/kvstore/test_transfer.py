@@ -69,12 +69,16 @@ def test_a_failed_write_and_a_corrupt_read_are_results(
 
 
 def test_a_write_is_handed_over_once_the_engine_is_quiet(tmp_path: Path) -> None:
-    disk, transfers = DiskTier(tmp_path, "fp", 1, 1 << 30), Transfers(durable_s=60.0)
+    durable_s = 60.0
+    disk, transfers = DiskTier(tmp_path, "fp", 1, 1 << 30), Transfers(durable_s=durable_s)
     transfers.hold(True)
     transfers.enqueue_write(disk, record(3), np.zeros(10, dtype=np.uint8))
     started = time.monotonic()
     transfers.hold(False)  # no client waits any more
-    assert isinstance(transfers.next(1.0), Write) and time.monotonic() - started < 1.0
+    # at once, not after the write's durable_s: a tenth of it is far from both, on a
+    # quiet machine (milliseconds) and beside other work alike
+    assert isinstance(transfers.next(1.0), Write)
+    assert time.monotonic() - started < durable_s / 10
     transfers.done()
     transfers.stop()
     last = transfers.next(1.0)
