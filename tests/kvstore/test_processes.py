@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import seed_calibration
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +45,10 @@ def warmstart(*args: str, data_dir: Path, model: Path) -> subprocess.CompletedPr
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=True)
 
 
-def test_two_processes_in_turn_see_each_others_sessions(tmp_path: Path, model_path: Path) -> None:
+def test_two_processes_in_turn_see_each_others_sessions(
+    tmp_path: Path, model_path: Path, calibration: Path
+) -> None:
+    seed_calibration(calibration, tmp_path)  # what is tested is the chunks they share
     q = "Why do cats purr? One sentence."
     first = warmstart(
         "ask", q, "--session", "one", "--max-tokens", "12", data_dir=tmp_path, model=model_path
