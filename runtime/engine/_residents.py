@@ -167,7 +167,9 @@ class Residents:
             else:
                 res = min(others, key=lambda r: (bool(r.tokens), r.last_used))
             self.evict(res)
-            if best is not None and live > stored:
+            # a live prompt whole (with its logits) decodes nothing, as a restore of it
+            # does: the copy in the context is the cheaper of the two
+            if best is not None and (live > stored or live == len(ids)):
                 self._cells().seq_cp_all(best.seq, res.seq)
                 res.tokens, res.bounds = list(best.tokens), list(best.bounds)
                 res.logits, res.logits_at = best.logits, best.logits_at  # the same KV

@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-TAIL_TOKENS = 2  # a prompt's last tokens, decoded together (see batch_cuts), never restored
+TAIL_TOKENS = 2  # a prompt's last tokens, decoded together (see batch_cuts)
 # a short message and the tail after it are one batch up to this many tokens (see _ride)
 RIDE_TOKENS = 16
 Span = tuple[int, int, bool]  # a stored chunk's positions [start, end), and if stepped
@@ -62,10 +62,10 @@ def _ride(hard: Sequence[int], tile: int) -> tuple[list[int], bool]:
     that a tail rides in; and whether its last end would go too, were a tail to follow.
 
     The tail (the last ``TAIL_TOKENS`` before a reply starts, :func:`turn_anchors`,
-    and before a prompt's end) is a batch of its own so that a prompt's last batch,
-    the one a store never keeps (nothing keeps the logits it gives), is small: a
-    restored repeat recomputes only that one (a live repeat decodes nothing, see
-    :func:`live_prefix`). But a batch shorter than ``tile`` takes llama.cpp's slow
+    and before a prompt's end) is a batch of its own so that a prompt's last batch is
+    small: a restored repeat whose store lacks the logits that batch gave recomputes
+    only that one (a live repeat, and a restored one with those logits, decode
+    nothing, see :func:`live_prefix`). But a batch shorter than ``tile`` takes llama.cpp's slow
     row-at-a-time path (about a decode step a token on a CPU: 100 ms at 1B), and
     cannot share a decode with the long batch before it (a token's bits depend on
     its batch's kind, see :func:`decode_groups`): another question after the same

@@ -11,6 +11,11 @@
     64      8     XXH3-64 of the uncompressed payload
     72      ...   payload (raw, or one zstd frame)
 
+Format 3 is format 2 with 8 more header bytes (u32 length of the logits the payload
+ends with, u32 reserved: 0), then the payload: the chunk's KV bytes followed by the
+next-token logits (float32, the whole vocabulary) its last batch gave. A chunk kept
+without logits is still written as format 2, which a reader without logits reads.
+
 A record is only ever restored into a context with the same fingerprint, under the
 same key, with an intact checksum: anything else raises CacheError and the caller
 drops it and recomputes.
@@ -31,7 +36,9 @@ from ..errors import CacheError
 
 MAGIC = b"WSKV"
 FORMAT_VERSION = 2  # 2: chunks are cut from a stream-per-sequence state (engine/_kvblob.py)
+LOGITS_VERSION = 3  # 3: the payload ends with logits (their length after the header)
 _HEADER = struct.Struct("<4sHBB32s16sQQ")
+_LOGITS = struct.Struct("<II")  # format 3's: the logits' bytes, reserved
 HEADER_BYTES = _HEADER.size
 CODEC_RAW, CODEC_ZSTD = 0, 1
 
@@ -54,10 +61,24 @@ class Header:
     key: bytes
     length: int
     crc: int
+    logits: int = 0  # the payload's last bytes that are logits, not KV
+
+    @property
+    def size(self) -> int:
+        """Bytes the header takes before the payload."""
+        return HEADER_BYTES + extension_bytes(self.version)
 
 
-def encode(payload: bytes | memoryview, key: bytes, fingerprint: bytes, level: int) -> bytes:
-    """Wraps one chunk's KV bytes; ``level`` 0 stores them raw."""
+def extension_bytes(version: int) -> int:
+    """Header bytes after the first ``HEADER_BYTES`` a record of ``version`` has."""
+    return _LOGITS.size if version == LOGITS_VERSION else 0
+
+
+def encode(
+    payload: bytes | memoryview, key: bytes, fingerprint: bytes, level: int, logits: int = 0
+) -> bytes:
+    """Wraps one chunk's KV bytes (and the ``logits`` bytes that end ``payload``, when
+    it keeps the logits of its last batch); ``level`` 0 stores them raw."""
     view = memoryview(payload).cast("B")
     crc = checksum(view)
     if level > 0:
@@ -65,19 +86,41 @@ def encode(payload: bytes | memoryview, key: bytes, fingerprint: bytes, level: i
         codec = CODEC_ZSTD
     else:
         body, codec = bytes(view), CODEC_RAW
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, codec, level, fingerprint, key, len(view), crc)
+    if not 0 <= logits <= len(view):
+        raise CacheError(f"{logits} bytes of logits in a payload of {len(view)}")
+    version = LOGITS_VERSION if logits else FORMAT_VERSION
+    head = _HEADER.pack(MAGIC, version, codec, level, fingerprint, key, len(view), crc)
+    if logits:
+        head += _LOGITS.pack(logits, 0)
     return head + body
 
 
 def read_header(data: bytes | memoryview) -> Header:
+    """The header at the start of ``data`` (format 3's whole header: see ``size``)."""
     if len(data) < HEADER_BYTES:
         raise CacheError(f"record truncated: {len(data)} bytes, header needs {HEADER_BYTES}")
     magic, version, codec, level, fp, key, length, crc = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CacheError("not a warmstart KV record (bad magic)")
-    if version != FORMAT_VERSION:
-        raise CacheError(f"record format {version} is not {FORMAT_VERSION}")
-    return Header(version, codec, level, fp, key, length, crc)
+    if version not in (FORMAT_VERSION, LOGITS_VERSION):
+        raise CacheError(f"record format {version} is not {FORMAT_VERSION} or {LOGITS_VERSION}")
+    header = Header(version, codec, level, fp, key, length, crc)
+    if version == LOGITS_VERSION:
+        if len(data) < header.size:
+            raise CacheError(f"record truncated: {len(data)} bytes, header needs {header.size}")
+        logits, _ = _LOGITS.unpack_from(data, HEADER_BYTES)
+        if not 0 < logits <= length:
+            raise CacheError(f"record says {logits} bytes of logits in {length}")
+        header = Header(version, codec, level, fp, key, length, crc, logits)
+    return header
+
+
+def header_from(src: BinaryIO) -> Header:
+    """Reads a record's header (of either format) from the start of ``src``."""
+    head = src.read(HEADER_BYTES)
+    if len(head) >= 6:
+        head += src.read(extension_bytes(int.from_bytes(head[4:6], "little")))
+    return read_header(head)
 
 
 def check_header(header: Header, fingerprint: bytes, key: bytes) -> None:
@@ -95,7 +138,8 @@ def decode(data: bytes | memoryview, fingerprint: bytes, key: bytes) -> bytes:
 
     header = read_header(data)
     out = np.empty(header.length, dtype=np.uint8)
-    n = read_into(io.BytesIO(bytes(memoryview(data)[HEADER_BYTES:])), header, fingerprint, key, out)
+    body = io.BytesIO(bytes(memoryview(data)[header.size :]))
+    n = read_into(body, header, fingerprint, key, out)
     return out[:n].tobytes()
 
 

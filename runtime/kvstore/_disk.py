@@ -350,7 +350,7 @@ class DiskTier:
     def put(self, row: IndexRow, payload: bytes | memoryview) -> bytes:
         """Encodes one chunk (header, zstd, checksum: ``_codec``) and writes it through;
         returns its key. Raises DiskFull or CacheError (nothing half-indexed)."""
-        record = _codec.encode(payload, row.key, self._fp, self.level)
+        record = _codec.encode(payload, row.key, self._fp, self.level, row.logits)
         try:
             self._fit_limit()
             self._blobs.set(row.key.hex(), record)
@@ -363,10 +363,12 @@ class DiskTier:
         self._settle(row.key, len(row.tokens), row.nbytes)
         return row.key
 
-    def read_into(self, key: bytes, out: np.ndarray) -> int | None:
-        """Reads the chunk's KV bytes straight from its file into ``out``, verified;
-        returns their length, or None when the blob is gone. A corrupt, truncated or
-        foreign record raises CacheError after being deleted."""
+    def read_into(self, key: bytes, out: np.ndarray, logits: int = 0) -> int | None:
+        """Reads the chunk's bytes straight from its file into ``out``, verified;
+        returns their length, or None when the blob is gone. ``logits``: the bytes of
+        logits its index row says end them (a record that says otherwise is not the
+        one indexed). A corrupt, truncated or foreign record raises CacheError after
+        being deleted."""
         try:
             handle = self._blobs.get(key.hex(), default=None, read=True, retry=True)
         except Exception as exc:  # whatever a damaged file makes diskcache raise
@@ -379,7 +381,9 @@ class DiskTier:
             handle = io.BytesIO(handle)
         try:
             with handle:
-                header = _codec.read_header(handle.read(_codec.HEADER_BYTES))
+                header = _codec.header_from(handle)
+                if header.logits != logits:
+                    raise CacheError(f"record keeps {header.logits} bytes of logits, not {logits}")
                 n = _codec.read_into(handle, header, self._fp, key, out)
             with self._lock:
                 self._publish()  # the read moved the chunk up diskcache's LRU: a write

@@ -1,6 +1,6 @@
 """index.db: what the disk tier holds, row by row, with no blob read (all its SQL).
 
-One row per chunk (key, fingerprint, parent, start, tokens, nbytes). ``DiskIndex``
+One row per chunk (key, fingerprint, parent, start, tokens, nbytes, logits). ``DiskIndex``
 is the disk tier's own, read and written by it; ``read_index`` opens the same file
 read-only for `warmstart cache` and `sessions` with no model loaded. ``unshared``
 is the rule, used by both, for which chunks a deleted conversation takes with it.
@@ -26,6 +26,9 @@ MIGRATIONS = [
         "nbytes INTEGER NOT NULL, created REAL NOT NULL);"
         "CREATE INDEX chunks_by_fingerprint ON chunks (fingerprint)",
     ),
+    # a chunk may keep the next-token logits its last batch gave after its KV bytes
+    # (their length; 0: none, as every chunk kept before)
+    ("0002_chunk_logits", "ALTER TABLE chunks ADD COLUMN logits INTEGER NOT NULL DEFAULT 0"),
 ]
 
 
@@ -35,7 +38,8 @@ class IndexRow:
     parent: bytes
     start: int
     tokens: tuple[int, ...]
-    nbytes: int
+    nbytes: int  # its payload's, logits included
+    logits: int = 0  # bytes of next-token logits its payload ends with
 
 
 class DiskIndex:
@@ -48,18 +52,19 @@ class DiskIndex:
     def rows(self, fingerprint: bytes) -> Iterator[IndexRow]:
         with self._lock:
             found = self._db.execute(
-                "SELECT key, parent, start, tokens, nbytes FROM chunks WHERE fingerprint = ?",
+                "SELECT key, parent, start, tokens, nbytes, logits FROM chunks"
+                " WHERE fingerprint = ?",
                 (fingerprint,),
             ).fetchall()
-        for key, parent, start, tokens, nbytes in found:
-            yield IndexRow(key, parent, start, tuple(array("i", tokens)), nbytes)
+        for key, parent, start, tokens, nbytes, logits in found:
+            yield IndexRow(key, parent, start, tuple(array("i", tokens)), nbytes, logits)
 
     def put(self, fingerprint: bytes, row: IndexRow) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO chunks"
-                " (key, fingerprint, parent, start, tokens, nbytes, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " (key, fingerprint, parent, start, tokens, nbytes, created, logits)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.key,
                     fingerprint,
@@ -68,6 +73,7 @@ class DiskIndex:
                     array("i", row.tokens).tobytes(),
                     row.nbytes,
                     time.time(),
+                    row.logits,
                 ),
             )
 

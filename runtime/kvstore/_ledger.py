@@ -29,7 +29,10 @@ class Record:
     parent: bytes
     start: int
     tokens: tuple[int, ...]
-    nbytes: int
+    nbytes: int  # its payload's: the KV bytes, then ``logits`` bytes of logits
+    # the next-token logits (float32, the whole vocabulary) its last batch gave, when
+    # kept: a prompt that ends where it does needs no decode (0: none kept)
+    logits: int = 0
     slot: int | None = None  # RAM pool slot, when in the pool
     # its bytes outside the pool until its write-through lands (no slot was free: the
     # pool held chunks whose writes wait too); RAM all the same
@@ -43,6 +46,17 @@ class Record:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Its payload's KV bytes: what a restore loads into the context."""
+        return self.nbytes - self.logits
+
+    def logits_of(self, payload: np.ndarray) -> np.ndarray | None:
+        """A copy of the logits its ``payload`` keeps after the KV bytes (None: none)."""
+        if not self.logits:
+            return None
+        return payload[self.kv_bytes : self.nbytes].copy().view("<f4")
 
     @property
     def tier(self) -> str | None:
@@ -94,7 +108,7 @@ class Ledger:
             if existing is not None:
                 existing.on_disk = True
                 continue
-            fields = (row.key, row.parent, row.start, row.tokens, row.nbytes)
+            fields = (row.key, row.parent, row.start, row.tokens, row.nbytes, row.logits)
             self.add(Record(*fields, on_disk=True, last_used=0.0))
 
     def remove(self, key: bytes) -> Record | None:

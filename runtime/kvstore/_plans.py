@@ -87,7 +87,8 @@ class Read:
 class Save:
     """One chunk to keep: tokens [start, end) under ``key``; its KV bytes are written
     into ``buffer`` (a pool slot's memory when ``slot`` is set), and ``nbytes`` says
-    how many once they are (None: not written)."""
+    how many once they are (None: not written). ``logits``: the next-token logits its
+    last batch gave, kept after its KV bytes (``add_logits``)."""
 
     key: bytes
     parent: bytes
@@ -96,10 +97,22 @@ class Save:
     buffer: np.ndarray
     slot: int | None
     nbytes: int | None = None
+    logits: np.ndarray | None = None
+    logits_bytes: int = 0  # of ``nbytes``, once added
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    def add_logits(self) -> None:
+        """Puts ``logits`` after the KV bytes written (when they fit the room)."""
+        if self.logits is None or self.nbytes is None or self.logits_bytes:
+            return
+        raw = np.ascontiguousarray(self.logits, dtype="<f4").view(np.uint8).reshape(-1)
+        if self.nbytes + raw.nbytes <= self.buffer.nbytes:
+            self.buffer[self.nbytes : self.nbytes + raw.nbytes] = raw
+            self.nbytes += raw.nbytes
+            self.logits_bytes = raw.nbytes
 
 
 @dataclass

@@ -155,14 +155,23 @@ class TieredStore:
 
     # loads ----------------------------------------------------------------------
     def prepare_load(
-        self, ids: Sequence[int], cuts: Sequence[int], staging_bytes: int = 0, scope: str = ""
+        self,
+        ids: Sequence[int],
+        cuts: Sequence[int],
+        staging_bytes: int = 0,
+        scope: str = "",
+        logits: bool = False,
     ) -> LoadPlan:
         """The stored chunks of ``ids``, one per batch of ``cuts`` (the batch ends its
         prefill uses), kept under the cache ``scope``, pinned until ``complete_load``;
         disk chunks are given places in a staging memory of ``staging_bytes``, one after
-        another while it lasts."""
+        another while it lasts. ``logits``: the last batch's chunk only with the logits
+        it gave (the prompt's first token is sampled from them: without, that batch is
+        computed again)."""
         with self._lock:
             records = self._stored(ids, cuts, scope)
+            if logits and records and records[-1].end == cuts[-1] and not records[-1].logits:
+                records.pop()
             self.ledger.pin(records)
             loads, at = [], 0
             for r in records:
@@ -201,29 +210,44 @@ class TieredStore:
 
     # reads: on the caller's thread ------------------------------------------------------
     def load(self, plan: LoadPlan, staging: np.ndarray | None = None) -> list[np.ndarray]:
-        """The plan's chunk bytes in order, stopping at the first one gone or corrupt:
-        RAM chunks as pool views, disk chunks read where the plan put them."""
-        blobs = []
+        """The plan's chunks' KV bytes in order, stopping at the first one gone or
+        corrupt: RAM chunks as pool views, disk chunks read where the plan put them."""
+        return self.load_prompt(plan, staging)[0]
+
+    def load_prompt(
+        self, plan: LoadPlan, staging: np.ndarray | None = None
+    ) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """``load``'s KV bytes, and the next-token logits the last chunk read keeps
+        (None: none): those of the prompt that ends there."""
+        blobs, payload, last = [], None, None
         for load, record in zip(plan.loads, plan.records, strict=True):
             room = None
             if load.offset is not None and staging is not None:
                 room = staging[load.offset : load.offset + load.nbytes]
-            blob = self.read(record, room)
-            if blob is None:
+            payload = self._payload(record, room)
+            if payload is None:
                 break
-            blobs.append(blob)
-        return blobs
+            blobs.append(payload[: record.kv_bytes])
+            last = record
+        if last is None or payload is None:
+            return blobs, None
+        return blobs, last.logits_of(payload)
 
     def read(self, record: Record, staging: np.ndarray | None = None) -> np.ndarray | None:
-        """One chunk's bytes from the fastest tier (None: gone, or proved corrupt and
+        """One chunk's KV bytes from the fastest tier (None: gone, or proved corrupt and
         dropped). A disk read lands in ``staging`` when given, else in a free pool slot
         (reading it promotes it, with no extra copy), else in a buffer of its own."""
+        payload = self._payload(record, staging)
+        return None if payload is None else payload[: record.kv_bytes]
+
+    def _payload(self, record: Record, staging: np.ndarray | None) -> np.ndarray | None:
+        """``read``'s bytes, with the logits the chunk keeps after its KV (if any)."""
         read, disk = self._read_room(record, staging)
         if read is None or read.ready is not None:
             return None if read is None else read.ready
         n, corrupt = None, False
         if disk is not None and read.buffer is not None:
-            n, corrupt = self.transfers.read(disk, record.key, read.buffer)
+            n, corrupt = self.transfers.read(disk, record.key, read.buffer, record.logits)
         return self._landed(record, read, n, corrupt)
 
     def _read_room(
@@ -334,11 +358,14 @@ class TieredStore:
         parent: bytes | None = None,
         start: int = 0,
         scope: str = "",
+        logits: tuple[int, np.ndarray] | None = None,
     ) -> StorePlan:
         """The chunks of a sequence along its batch ``ends`` (positions), with room
         reserved (``size(n)`` bytes for ``n`` tokens) for each one the store lacks.
         ``tokens`` start at position ``start`` of a prefix named ``parent`` (default:
-        the whole sequence from position 0, kept under the cache ``scope``)."""
+        the whole sequence from position 0, kept under the cache ``scope``).
+        ``logits``: (position, the next-token logits the batch ending there gave, over
+        the KV before it as the sequence holds it): kept with the chunk ending there."""
         keys, saves = [], []
         parent = self.root_for(scope) if parent is None else parent
         spans = chunk_spans(ends, start, self.run_tokens)
@@ -347,8 +374,10 @@ class TieredStore:
                 segment = tuple(tokens[c0 - start : c1 - start])
                 key = chunk_key(parent, segment, stepped)
                 if key not in self:
-                    buffer, slot = self._reserve(size(len(segment)))
-                    saves.append(Save(key, parent, c0, segment, buffer, slot))
+                    mine = logits[1] if logits is not None and logits[0] == c1 else None
+                    extra = 0 if mine is None else 4 * mine.size
+                    buffer, slot = self._reserve(size(len(segment)) + extra)
+                    saves.append(Save(key, parent, c0, segment, buffer, slot, logits=mine))
                 keys.append(key)
                 parent = key
         return StorePlan([c1 for _, c1, _ in spans], keys, saves)
@@ -371,6 +400,7 @@ class TieredStore:
                 if failed:
                     self._release_slot(save.slot)
                 else:
+                    save.add_logits()
                     self._commit(save)
         return plan.leaf() if ok else None
 
@@ -385,7 +415,7 @@ class TieredStore:
             return existing
         if existing is not None:
             self.ledger.remove(save.key)
-        record = Record(save.key, save.parent, save.start, save.tokens, nbytes)
+        record = Record(save.key, save.parent, save.start, save.tokens, nbytes, save.logits_bytes)
         if save.slot is not None and self.pool is not None:
             self.pool.set_length(save.slot, nbytes)
             record.slot = save.slot

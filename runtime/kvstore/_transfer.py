@@ -80,11 +80,14 @@ class Transfers:
 
     # reads: on the caller's thread ---------------------------------------------------
     @staticmethod
-    def read(disk: DiskTier, key: bytes, out: np.ndarray) -> tuple[int | None, bool]:
-        """Reads chunk ``key`` from ``disk`` into ``out``: (bytes read, None when the
-        blob is gone; whether it proved corrupt, and was deleted)."""
+    def read(
+        disk: DiskTier, key: bytes, out: np.ndarray, logits: int = 0
+    ) -> tuple[int | None, bool]:
+        """Reads chunk ``key`` (whose payload ends with ``logits`` bytes of logits) from
+        ``disk`` into ``out``: (bytes read, None when the blob is gone; whether it proved
+        corrupt, and was deleted)."""
         try:
-            return disk.read_into(key, out), False
+            return disk.read_into(key, out, logits), False
         except CacheError as exc:
             log.warning("dropping chunk %s: %s", key.hex()[:12], exc)
             return None, True
@@ -126,7 +129,8 @@ class Transfers:
         the tier cannot take writes at all)."""
         r = job.record
         try:
-            job.disk.put(IndexRow(r.key, r.parent, r.start, r.tokens, r.nbytes), job.payload.data)
+            row = IndexRow(r.key, r.parent, r.start, r.tokens, r.nbytes, r.logits)
+            job.disk.put(row, job.payload.data)
         except CacheError as exc:
             if not isinstance(exc, DiskUnavailable):
                 log.warning("%s", exc)

@@ -328,12 +328,15 @@ class Job:
 
     # step 1: the longest prefix worth restoring ------------------------------------------
     def _prepare_load(self) -> LoadPlan:
-        """The stored chunks of this prompt, pinned until _complete_load."""
+        """The stored chunks of this prompt, pinned until _complete_load: its last
+        batch's too when the store kept the logits it gave (a repeat then decodes
+        nothing, as a live one does)."""
         store, staging = self.env.store, self.env.staging
         if not self.cached or store is None:
             return LoadPlan()
         room = 0 if staging is None else staging.nbytes
-        return store.prepare_load(self.ids, self.cuts[:-1], room, self.request.cache_scope)
+        scope = self.request.cache_scope
+        return store.prepare_load(self.ids, self.cuts, room, scope, logits=True)
 
     def _kept(self, res: Resident) -> int:
         """How many of the leading tokens ``res`` holds the store keeps."""
@@ -378,7 +381,7 @@ class Job:
         if not decision.restore:
             return live
         assert self.env.store is not None
-        blobs = self.env.store.load(plan, self.env.staging)
+        blobs, logits = self.env.store.load_prompt(plan, self.env.staging)
         self.promotions, self.n_promoted = plan, len(blobs)
         ends = plan.ends(len(blobs))
         if not ends or ends[-1] <= live:
@@ -392,6 +395,8 @@ class Job:
             self.report.restored = dict.fromkeys(self.report.restored, 0)
             self.report.decision = "restore refused: recomputed"
             return 0
+        if logits is not None:  # those its last batch gave: the same prompt needs no decode
+            res.keep_logits(logits)
         self.report.restored["live"] = 0
         for tier, tokens in plan.tokens_by_tier(len(blobs)).items():
             self.report.restored[tier] += tokens
@@ -466,9 +471,10 @@ class Job:
         store, engine = self.env.store, self.env.engine
         if not self.cached or store is None or not ends:
             return None
-        plan = store.prepare_store(
-            res.tokens, ends, engine.blob_bytes, scope=self.request.cache_scope
-        )
+        # the chunk ending where the sequence's kept logits were given keeps them too
+        logits = (res.logits_at, res.logits) if res.logits is not None else None
+        scope = self.request.cache_scope
+        plan = store.prepare_store(res.tokens, ends, engine.blob_bytes, scope=scope, logits=logits)
         for run in plan.runs():  # only the new chunks' cells are read (Engine.snapshot)
             snapshot = None
             for save in run:

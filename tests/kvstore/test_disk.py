@@ -67,7 +67,7 @@ def test_missing_blob_is_a_miss_and_drops_its_row(tmp_path: Path) -> None:
 
 def test_migrations_on_a_blank_database(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "blank.db")
-    assert sqlite.migrate(conn, MIGRATIONS) == ["0001_chunks"]
+    assert sqlite.migrate(conn, MIGRATIONS) == ["0001_chunks", "0002_chunk_logits"]
     assert sqlite.migrate(conn, MIGRATIONS) == []
     cols = [r[1] for r in conn.execute("PRAGMA table_info(chunks)")]
     assert {"key", "fingerprint", "parent", "start", "tokens", "nbytes"} <= set(cols)
