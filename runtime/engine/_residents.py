@@ -102,10 +102,16 @@ class Resident:
         displaced, self.displaced = self.displaced, None
         return displaced
 
-    def rehome(self, session: str | None, scope: str) -> None:
+    def rehome(
+        self, session: str | None, scope: str, logits: tuple[np.ndarray, int] | None = None
+    ) -> None:
         """Holds the conversation ``session`` of the cache ``scope`` again, restored
-        into it while idle, as if just used (see ``Pipeline._rehome``)."""
+        into it while idle, as if just used (see ``Pipeline._rehome``); ``logits``: the
+        next-token logits a restored chunk kept, and where it ends (a prompt's end: the
+        same prompt again then decodes nothing)."""
         self.session, self.scope, self.last_used = session, scope, time.monotonic()
+        if logits is not None:
+            self.logits, self.logits_at = logits
 
 
 class Residents:

@@ -237,8 +237,16 @@ class TieredStore:
         """One chunk's KV bytes from the fastest tier (None: gone, or proved corrupt and
         dropped). A disk read lands in ``staging`` when given, else in a free pool slot
         (reading it promotes it, with no extra copy), else in a buffer of its own."""
+        return self.read_logits(record, staging)[0]
+
+    def read_logits(
+        self, record: Record, staging: np.ndarray | None = None
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``read``'s KV bytes, and a copy of the logits the chunk keeps (None: none)."""
         payload = self._payload(record, staging)
-        return None if payload is None else payload[: record.kv_bytes]
+        if payload is None:
+            return None, None
+        return payload[: record.kv_bytes], record.logits_of(payload)
 
     def _payload(self, record: Record, staging: np.ndarray | None) -> np.ndarray | None:
         """``read``'s bytes, with the logits the chunk keeps after its KV (if any)."""

@@ -260,15 +260,16 @@ class Job:
         tokens, bounds, session = displaced
         plan = store.prepare_load(tokens, bounds, scope=self.request.cache_scope)
         try:
-            blobs = []
+            blobs, kept = [], None  # kept: the last logits a chunk keeps, and where
             for load, record in zip(plan.loads, plan.records, strict=True):
-                blob = store.read(record) if load.tier == "ram" else None
+                blob, logits = store.read_logits(record) if load.tier == "ram" else (None, None)
                 if blob is None:
                     break
                 blobs.append(blob)
+                kept = (logits, record.end) if logits is not None else kept
             ends = plan.ends(len(blobs))
             if ends and engine.restore(home, blobs, tokens, ends_through(bounds, ends[-1])):
-                home.rehome(session, self.request.cache_scope)
+                home.rehome(session, self.request.cache_scope, kept)
         finally:
             store.complete_load(plan)
 
