@@ -4,7 +4,7 @@ once). Standard library only, like llama_wheel.py."""
 
 from __future__ import annotations
 
-# warmstart's llama.cpp differs from upstream's in two places.
+# warmstart's llama.cpp differs from upstream's in three places.
 # 1. Short batches in flash-attention tiles. Its CPU flash attention computes a batch of
 # 64 query tokens or more in tiles of 64 rows, and a shorter one a row at a time, which
 # costs about a decode step a token: a chat's new message (10 to 60 tokens) took 0.27 s
@@ -12,7 +12,12 @@ from __future__ import annotations
 # Built here, a batch of 8 to 63 goes in tiles of 16 rows by the same code: 12 tokens
 # took 0.09 s and 63 tokens 0.31 s, and a token's result is the same bytes as in a batch
 # of 64 or more (a tile's rows do not touch each other), which the calibration proves
-# (batch kinds from 8: runtime/hardware/_calibrate.py).
+# (batch kinds from 8: runtime/hardware/_calibrate.py). A tiled batch's rows go to the
+# threads a tile of one head at a time: upstream's runs of nr/(4*nth) rows cut heads in
+# two, and every tile is a pass over all the KV cells (12 tokens of the default model's
+# 9 heads: 16 passes, not 9). Bare decodes at 6,397 cells of context, this against the
+# build before: 12 tokens 172-216 against 301 ms, 64 tokens 533-663 against 701-992;
+# at 1,907 cells 83-85 against 93-112 and 306 against 407 ms.
 # 2. Decode steps of several replies in one batch give each reply the bits it gets
 # alone (batched decode, proven by runtime/engine/_decode_probe.py). Upstream, a batch
 # of N rows takes other matrix kernels than a lone row (llamafile's sgemm from 2 rows,
@@ -41,7 +46,7 @@ from __future__ import annotations
 # state ignores the range and is exported whole.
 # The tag goes into the version (0.3.36+warmstart.<tag>), so into the fingerprint every
 # stored KV carries, and into the wheel cache's key.
-PATCH_TAG = "kvgroups3"
+PATCH_TAG = "headtiles2"
 _OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
 _CPU = "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c"
 _REPACK = "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
@@ -59,6 +64,28 @@ _SHORT_TILES: tuple[tuple[str, str, str], ...] = (  # (file, upstream's text, ou
      "                } else {\n"
      "                    ggml_compute_forward_flash_attn_ext_tiled<16>(params, dst, ir0, ir1);\n"
      "                }\n"),
+    (_OPS,
+     "        int current_chunk = ith;\n"
+     "\n"
+     "        while (current_chunk < nchunk) {\n"
+     "            const int64_t ir0 = dr * current_chunk;\n"
+     "            const int64_t ir1 = MIN(ir0 + dr, nr);\n",
+     "        // warmstart: a tiled batch goes in units of one head's tile of rows (a short\n"
+     "        // batch's: all its rows of one head, in tiles of 16), so that no tile stops at a\n"
+     "        // chunk's end: upstream's chunks of nr/(4*nth) rows cut heads in two (12 tokens\n"
+     "        // of 9 heads: 16 tiles, each a pass over every KV cell, for 9 heads); a row's\n"
+     "        // bits do not depend on the rows beside it in its tile\n"
+     "        const int64_t qt    = neq1 >= Q_TILE_SZ ? Q_TILE_SZ : neq1;\n"
+     "        const int64_t tph   = (neq1 + qt - 1)/qt; // tiles of a head\n"
+     "        const int64_t n_run = use_tiled ? (nr/neq1)*tph : nchunk;\n"
+     "        int current_chunk = ith;\n"
+     "\n"
+     "        while (current_chunk < n_run) {\n"
+     "            const int64_t row0 = (current_chunk/tph)*neq1; // the head's first row\n"
+     "            const int64_t t    = current_chunk%tph;\n"
+     "            const int64_t ir0 = use_tiled ? row0 + t*qt : dr*current_chunk;\n"
+     "            const int64_t ir1 = use_tiled ? row0 + MIN((t + 1)*qt, neq1) : "
+     "MIN(ir0 + dr, nr);\n"),
 )  # fmt: skip
 _ROWWISE: tuple[tuple[str, str, str], ...] = (
     ("vendor/llama.cpp/ggml/include/ggml.h",
