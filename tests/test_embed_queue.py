@@ -129,17 +129,23 @@ def test_a_waiting_request_leaves_when_stopped_or_cancelled() -> None:
 
 
 def test_close_stops_the_running_request_and_refuses_new_ones() -> None:
+    """Counted, not timed: close() returns once the running request has left, and that
+    request began no text after its stop but the one whose check came just before."""
     q = _queue()
-    thread, out = _in_thread(lambda: q.run(range(10**6), threading.Event(), _nap))
+    stop = threading.Event()
+    late: list[bool] = []  # each text begun: was the stop set by then
+
+    def nap(_: object) -> None:
+        late.append(stop.is_set())
+        time.sleep(0.01)
+
+    thread, out = _in_thread(lambda: q.run(range(10**6), stop, nap))  # hours of naps
     _wait(lambda: q.active == 1)
-    t0 = time.monotonic()
-    q.close()
-    assert time.monotonic() - t0 < 5 and q.active == 0
+    closing, _ = _in_thread(q.close)
+    closing.join(60)  # a hang guard, not the bound
+    assert not closing.is_alive() and q.active == 0
+    assert sum(late) <= 1, sum(late)
     thread.join(5)
     assert isinstance(out[0], Cancelled)
     with pytest.raises(EngineError):
         q.run([1], threading.Event(), lambda x: x)
-
-
-def _nap(_: object) -> None:
-    time.sleep(0.01)

@@ -38,6 +38,9 @@ class Server:
     base_url: str  # http://127.0.0.1:PORT
     process: subprocess.Popen[bytes]
     log_path: Path
+    # Wall seconds from its command to its first healthy /health: a baseline of fixed
+    # work (imports, loading) at this machine's present load, for how soon it stops.
+    started_s: float = 0.0
 
     @property
     def v1(self) -> str:
@@ -114,12 +117,14 @@ def run_server(
         where = log_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         log_path = where / "server.log"
         log_file = stack.enter_context(log_path.open("wb"))
+        launched = time.monotonic()
         process = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=log_file, stderr=log_file, preexec_fn=preexec_fn
         )
         server = Server(f"http://127.0.0.1:{port}", process, log_path)
         try:
             _wait_healthy(server, start_timeout_s)
+            server.started_s = time.monotonic() - launched
             yield server
         finally:
             process.terminate()
