@@ -252,7 +252,22 @@ def first_process_steps(p: Prompts) -> list[Step]:
         # five other questions, each a run of its own (a different system goes first
         # each time): the row is their median, not one draw of a case at parity
         *((label, _asking(p.a, q)) for label, q in zip(OTHER_Q, QUESTIONS[1:], strict=True)),
+        *_decode_rounds(p, DECODE_ROUNDS),
     ]
+
+
+# the decode rows: chat A's first request again, a live repeat on every system, in runs
+# of one reply each (the systems alternate reply by reply, a different one first each
+# time). This machine's speed moves by up to 10% from one minute to the next (the same
+# server's 64-token replies read 63-75 tok/s within a run), more than the gap the row
+# is there to show; two replies seconds apart see the same speed, so the row's ratio is
+# the median of the rounds' ratios
+DECODE_ROUNDS = tuple(f"decode round {i}" for i in range(1, 11))
+DECODE_ROUNDS_RESTART = tuple(f"{label} after restart" for label in DECODE_ROUNDS)
+
+
+def _decode_rounds(p: Prompts, labels: Sequence[str]) -> list[Step]:
+    return [(label, _asking(p.a, QUESTIONS[0])) for label in labels]
 
 
 COLD = ("A cold", "B cold")
@@ -292,6 +307,7 @@ def restart_steps(p: Prompts) -> list[Step]:
         # after-restart decode row is a median of six replies, not of three
         ("B after restart", lambda r: conversation(p.b, "Summarise the handbook.")),
         *((label, _asking(p.a, q)) for label, q in zip(LATER_Q, LATER_QUESTIONS, strict=True)),
+        *_decode_rounds(p, DECODE_ROUNDS_RESTART),
     ]
 
 
@@ -346,6 +362,25 @@ SCENARIO_ROWS: list[tuple[str, str | tuple[str, ...]]] = [
 FIRST_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0))]
 LONG_LABELS = [label for label, _ in first_process_steps(Prompts("", "", 0, turns=3))]
 RESTART_LABELS = [label for label, _ in restart_steps(Prompts("", "", 0))]
+# the session's own replies, cold prompts, hits and turns alike, without the decode rounds
+SESSION_LABELS = [x for x in LONG_LABELS if x not in DECODE_ROUNDS]
+SESSION_RESTART_LABELS = [x for x in RESTART_LABELS if x not in DECODE_ROUNDS_RESTART]
+DECODE_ROWS = [
+    ("decode, tok/s, the session's replies (first process)", SESSION_LABELS, False),
+    ("decode, tok/s, the session's replies (after restart)", SESSION_RESTART_LABELS, False),
+    (
+        f"decode, tok/s, {len(DECODE_ROUNDS)} alternating live repeats (first process; "
+        "ratio: the rounds' median)",
+        DECODE_ROUNDS,
+        True,
+    ),
+    (
+        f"decode, tok/s, {len(DECODE_ROUNDS)} alternating live repeats (after restart; "
+        "ratio: the rounds' median)",
+        DECODE_ROUNDS_RESTART,
+        True,
+    ),
+]
 
 
 def _ttft(replies: dict[str, Reply], labels: str | Sequence[str]) -> float | None:
@@ -390,11 +425,29 @@ def scenario_table(
             continue  # a case of another variant (turn 3 is the long document's)
         row = [name, *(_cell(vals[s]) for s in shown)]
         rows.append(row + ([_ratio(vals[ratio[0]], vals[ratio[1]])] if with_ratio else []))
-    for name, labels in (
-        ("decode, tok/s (first process)", LONG_LABELS),
-        ("decode, tok/s (after restart)", RESTART_LABELS),
-    ):
+    for name, labels, paired in DECODE_ROWS:
         vals_d = {s: decode_rate(results[s], labels) for s in shown}
         row = [name, *(_cell(vals_d[s], "tok/s") for s in shown)]
-        rows.append(row + ([_ratio(vals_d[ratio[0]], vals_d[ratio[1]])] if with_ratio else []))
+        if with_ratio:
+            num, den = results[ratio[0]], results[ratio[1]]
+            cell = (
+                _paired(num, den, labels) if paired else _ratio(vals_d[ratio[0]], vals_d[ratio[1]])
+            )
+            row.append(cell)
+        rows.append(row)
     return _markdown(header, rows)
+
+
+def _paired(num: dict[str, Reply], den: dict[str, Reply], labels: Sequence[str]) -> str:
+    """The median over ``labels`` of one system's decode rate over the other's, each
+    pair of replies timed seconds apart ("-" if no pair is long enough to time)."""
+    ratios = [
+        num[x].decode_tps / den[x].decode_tps
+        for x in labels
+        if x in num
+        and x in den
+        and min(num[x].completion_tokens, den[x].completion_tokens) >= 8
+        and den[x].decode_tps > 0
+        and not math.isnan(num[x].decode_tps / den[x].decode_tps)
+    ]
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"

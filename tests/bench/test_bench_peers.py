@@ -79,13 +79,13 @@ def test_the_scenario_table_has_every_case_and_the_ratio() -> None:
         " warmstart / llama-server ",
     ]  # hearth was left out, so it has no column
     # every row but turn 3, the long document's case, which none of them ran
-    assert len(lines) == 2 + len(_peers.SCENARIO_ROWS) - 1 + 2
+    assert len(lines) == 2 + len(_peers.SCENARIO_ROWS) - 1 + len(_peers.DECODE_ROWS)
     assert not any("turn 3" in x for x in lines)
     cold = lines[2].split("|")
     assert cold[2].strip() == "1.000 s" and cold[-2].strip() == "0.50"
     restart = next(x for x in lines if x.startswith("| after a restart: turn 2"))
     assert restart.split("|")[4].strip() == "-"  # the fresh column has no restart
-    decode = next(x for x in lines if "decode, tok/s (first process)" in x)
+    decode = next(x for x in lines if "the session's replies (first process)" in x)
     assert decode.split("|")[-2].strip() == "0.50"
     # a case sent several times shows the median of its replies
     for label, ttft in zip(_peers.OTHER_Q, (0.2, 0.9, 0.3, 0.25, 0.8), strict=True):
@@ -211,6 +211,25 @@ def test_the_scenario_and_the_trace_run_against_a_served_api(tmp_path: Path) -> 
     # the fake runtime decodes one reply at a time: no shared step, and says why
     assert trace.batching is not None and trace.batching.steps == 0
     assert trace.batching.most == 1 and trace.batching.reason
+
+
+def test_the_decode_rounds_ratio_is_the_median_of_each_rounds_ratio() -> None:
+    """Each round's two replies are seconds apart, at the same speed of the machine,
+    which moves from one round to the next: the row's ratio is the median of the
+    rounds' own ratios; a reply too short to time leaves its round out."""
+    labels = _peers.FIRST_LABELS + _peers.RESTART_LABELS
+    results = {s: {x: _reply(1.0, tps=60.0) for x in labels} for s in ("llama-server", "warmstart")}
+    speeds = (40, 80, 50, 70, 60, 40, 80, 45, 75, 65)  # the machine's, round by round
+    ratios = (0.90, 1.10, 1.02, 1.02, 1.02, 0.50, 1.02, 1.02, 1.30, 0.95)
+    for label, speed, r in zip(_peers.DECODE_ROUNDS, speeds, ratios, strict=True):
+        results["llama-server"][label] = _reply(1.0, tps=speed)
+        results["warmstart"][label] = _reply(1.0, tps=speed * r, n=4 if r == 0.5 else 16)
+    table = _peers.scenario_table(results, ["llama-server", "warmstart"]).splitlines()
+    rounds = next(x for x in table if "alternating live repeats (first process" in x)
+    assert rounds.split("|")[-2].strip() == "1.02"
+    assert "| 1.00 |" in next(x for x in table if "alternating live repeats (after restart" in x)
+    # the session's own replies are timed as before, without the rounds
+    assert not set(_peers.DECODE_ROUNDS) & set(_peers.SESSION_LABELS)
 
 
 def test_turn_2_goes_out_right_after_the_step_before_it() -> None:
