@@ -182,6 +182,12 @@ def test_sigterm_during_a_long_embedding_ends_the_process(
         srv.process.terminate()
         srv.process.wait(timeout=60)
         took = time.monotonic() - t0
-        log.warning("SIGTERM during a long embedding: the process ended in %.2f s", took)
-        assert took < 15.0 and srv.process.returncode == 0, srv.log()[-3000:]
+        log.warning(
+            "SIGTERM during a long embedding: the process ended in %.2f s (started in %.2f s)",
+            *(took, srv.started_s),
+        )
+        # Sooner than it started (loading the model, at this machine's present load):
+        # not after the minutes of the thirty texts, nor the rest of the one computed.
+        assert took < srv.started_s, (took, srv.started_s)
+        assert srv.process.returncode == 0, srv.log()[-3000:]
         client.join(10)
