@@ -36,7 +36,7 @@ from ._paste import TYPE_SECONDS
 from ._paste_peers import SYSTEMS as PASTE_SYSTEMS
 from ._paste_peers import PasteRun, render_paste_peers, run_paste_peers
 from ._servers import Server, running, server_env, wait_quiet
-from ._systems import TOTAL_CTX, Setup, scenario_server, trace_server
+from ._systems import TOTAL_CTX, Setup, copies_model, scenario_server, trace_server
 
 log = logging.getLogger(__name__)
 
@@ -340,11 +340,12 @@ def render(
 ) -> str:
     a = next(iter(scen.values()), {}).get("A cold")
     head = f"model {setup.model.name}"
+    copy = "its own copy of the model file" if copies_model(setup.model) else "the same file"
     out = [head] if not scen else [
         f"{head}; system prompt A: {a.prompt_tokens if a else '?'} prompt tokens; "
         f"llama-server -t {setup.threads} -np 1 -c {TOTAL_CTX} --no-repack -fa "
         f"{setup.llama_fa}; warmstart calibrated first (warmstart-fresh: a fresh data "
-        "dir's first process)",
+        f"dir's first process), reading {copy}",
         "",
         _peers.scenario_table(scen, systems),
     ]  # fmt: skip
