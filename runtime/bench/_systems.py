@@ -45,7 +45,7 @@ def own_copy(model: Path, home: Path) -> Path:
     Two servers that map the same file share its page cache, and on the development
     machine that cost warmstart 1-10% of its decode speed beside llama-server (served
     decode in alternating rounds, the same servers: 0.90-0.99 of llama-server's with the
-    one file, 1.05-1.08 with a copy each, 2026-12-05), a cost neither pays alone."""
+    one file, 1.05-1.08 with a file each, 2026-12-05), a cost neither pays alone."""
     if not copies_model(model):
         return model
     copy = home / "model" / model.name

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from warmstart.runtime.bench import _bench_peers as bench_peers
 from warmstart.runtime.bench import _peers as _peers
-from warmstart.runtime.bench import _servers, _trace
+from warmstart.runtime.bench import _servers, _systems, _trace
 from warmstart.runtime.bench._peers import Reply
 from warmstart.runtime.bench._systems import Setup
 from warmstart.runtime.bench._trace import Batching, TracePlan, TraceResult
@@ -323,3 +323,24 @@ def test_the_scenario_runs_on_every_system_side_by_side(
     scen = bench_peers.run_scenarios(systems, homes, prompts)
     assert set(scen["one"]) == set(_peers.FIRST_LABELS + _peers.RESTART_LABELS)
     assert set(scen["warmstart-fresh"]) == set(_peers.FIRST_LABELS)  # the first process only
+
+
+def test_warmstart_serves_its_own_copy_of_a_model_file_that_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers mapping one file share its page cache, which neither does alone: the
+    bench gives warmstart a copy of its own, once per home, unless the file is big for
+    the host's RAM."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(1000))
+    home = tmp_path / "home"
+    copy = _systems.own_copy(model, home)
+    assert copy != model and copy.is_relative_to(home) and copy.read_bytes() == model.read_bytes()
+    stamp = copy.stat().st_mtime_ns
+    assert _systems.own_copy(model, home) == copy and copy.stat().st_mtime_ns == stamp
+    server = _systems.scenario_server(Setup(model, 2, [], None, None), "warmstart")
+    assert str(copy) in server.argv(8080, home)
+    monkeypatch.setattr(_systems, "OWN_COPY_RAM_SHARE", 1e-12)  # an 8B file on this host
+    assert _systems.own_copy(model, tmp_path / "other") == model
+    assert not (tmp_path / "other").exists()
+    assert _systems.own_copy(tmp_path / "missing.gguf", home) == tmp_path / "missing.gguf"
