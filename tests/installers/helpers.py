@@ -122,7 +122,13 @@ def start_on(python: Path, user: str, *, deaf: bool = False) -> subprocess.Popen
     proc = subprocess.Popen(
         ["runuser", "-u", user, "--", str(python), "-c", code], stdout=subprocess.PIPE, text=True
     )
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line != "ready\n":  # closed here, not left to warn in whichever test runs next
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        raise AssertionError(f"{python} did not start as {user}: {line!r}")
     return proc
 
 

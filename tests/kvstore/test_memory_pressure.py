@@ -126,9 +126,18 @@ def test_a_memory_hog_makes_the_pool_give_memory_back(make_runtime, tmp_path: Pa
         hog.stdin.close()
         hog.wait(60)
         hog.stdout.close()
-    # memory is back: the pool may grow to its capacity and holds chunks again
-    assert wait_for(lambda: ram(rt)["limit_bytes"] == ram(rt)["capacity_bytes"])
-    assert not rt.stats()["memory"]["under_pressure"]
-    extra = chat("Which shelf holds item 9?", system=inventory(9), max_tokens=12)
-    assert answer(rt, extra)[0] == answer(oracle, extra)[0]
-    assert ram(rt)["tokens"] > 0 and ram(rt)["resident_bytes"] > 0
+    # memory is back: the pool may grow to its capacity and holds chunks again. Another
+    # process may take the memory meanwhile (a second suite beside this one did): the
+    # pool then gives it back again, which its pressure count shows, and the test waits
+    # for the memory once more; without such a squeeze, a pool that keeps nothing fails
+    for k in (9, 10, 11):
+        assert wait_for(lambda: ram(rt)["limit_bytes"] == ram(rt)["capacity_bytes"])
+        assert not rt.stats()["memory"]["under_pressure"]
+        squeezed = rt.stats()["memory"]["pressure_events"]
+        extra = chat(f"Which shelf holds item {k}?", system=inventory(k), max_tokens=12)
+        assert answer(rt, extra)[0] == answer(oracle, extra)[0]
+        if ram(rt)["tokens"] > 0 and ram(rt)["resident_bytes"] > 0:
+            break
+        assert rt.stats()["memory"]["pressure_events"] > squeezed, ram(rt)
+    else:
+        pytest.fail(f"squeezed by other processes through three requests: {ram(rt)}")
