@@ -333,10 +333,16 @@ def run_steps(base_url: str, steps: list[Step], max_tokens: int, replies: dict[s
         replies[label] = ask(base_url, build(replies), max_tokens)
 
 
+# a reply shorter than this is not timed for decode: one pause would be its whole rate
+TIMED_TOKENS = 8
+
+
 def decode_rate(replies: dict[str, Reply], labels: Sequence[str]) -> float:
     """The median decode tok/s over the replies long enough to time (nan if none)."""
     rates = [
-        replies[x].decode_tps for x in labels if x in replies and replies[x].completion_tokens >= 8
+        replies[x].decode_tps
+        for x in labels
+        if x in replies and replies[x].completion_tokens >= TIMED_TOKENS
     ]
     return statistics.median(rates) if rates else math.nan
 
@@ -446,7 +452,7 @@ def _paired(num: dict[str, Reply], den: dict[str, Reply], labels: Sequence[str])
         for x in labels
         if x in num
         and x in den
-        and min(num[x].completion_tokens, den[x].completion_tokens) >= 8
+        and min(num[x].completion_tokens, den[x].completion_tokens) >= TIMED_TOKENS
         and den[x].decode_tps > 0
         and not math.isnan(num[x].decode_tps / den[x].decode_tps)
     ]
