@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import ipaddress
 import logging
 import signal
@@ -182,6 +183,8 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.started:
+            _freeze_startup_objects()
         # started: the lifespan ran and the sockets listen (not set when startup failed)
         if self.started and self._on_ready is not None:
             self._on_ready()
@@ -191,6 +194,16 @@ class _Server(uvicorn.Server):
             log.info("shutting down: ending the replies in progress")
             self._on_exit()
         super().handle_exit(sig, frame)
+
+
+def _freeze_startup_objects() -> None:
+    """What the server made to start (the app, its routes, the model's vocabulary and
+    templates, the modules: about 100,000 objects) lives as long as the process, yet
+    every full collection of the garbage collector walked it again: 41-50 ms each, about
+    once a minute, on the event loop's thread, while a reply streamed (measured on a
+    2-core EPYC, 2026-12-05). Those objects leave the collector's scans."""
+    gc.collect()
+    gc.freeze()
 
 
 class _Terminated(Exception):
