@@ -111,6 +111,7 @@ class Job:
         # (alone, or in one batch with other replies' tokens: Tuning.decode_batch)
         self.next_step: tuple[Resident, int] | None = None
         self.turn = Turn()  # what the worker decided for the step in progress
+        self.arrived = time.monotonic()  # when it came (the worker's rules: _schedule.py)
         self._steps: Generator[None, None, None] | None = None
         self.t0 = time.perf_counter()
 

@@ -10,18 +10,23 @@ jobs through a ``JobView`` (plain data) and tells a job what it decided through 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 # a reply being decoded waits about this long for its next token while other requests'
-# prompts are prefilled (a decode step is tens of milliseconds), or for the end of the
-# decode in progress when that is longer (a burst of cold prompts: see holds_up)
+# short prompts are prefilled (a decode step is tens of milliseconds), or for the end of
+# the decode in progress when that is longer (a burst of cold prompts: see holds_up)
 STALL_S = 0.25
-# and a prompt waits at most this long for its next batch while shorter ones go first
+# and a short prompt waits at most this long for its next batch while shorter ones go first
 STARVE_S = 5.0
+# a prompt with at most this many tokens left before its first token is short (a cache
+# hit's new message: about STALL_S of prefill on a 2-core CPU): it goes before replies
+SHORT_PROMPT_TOKENS = 64
+# a longer one (a cold prompt, seconds of prefill) waits for the replies being decoded
+# until it has waited this long since it came, then goes before them
+HOLD_S = 3.0
 # while a client waits that would go first, a prompt's decodes hold at most this many
 # tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
 CONTENDED_BATCH_TOKENS = 128
@@ -82,38 +87,54 @@ class JobView:
     to_prefill: int = 0  # the prompt's tokens left to compute before its first token
     stepped_at: float | None = None  # when its last step ended (None: not stepped yet)
     answered_at: float | None = None  # when its client got the answer
+    arrived: float = 0.0  # when its request came
 
 
-def rank(job: JobView, now: float) -> tuple[int, float]:
+# the order of work among waiting clients (rank's second number)
+_URGENT, _SHORT, _HELD, _REPLY, _LONG = 0, 1, 2, 3, 4
+
+
+def rank(job: JobView, now: float) -> tuple[int, int, float]:
     """Which work goes first (the least): a client still waiting, then captures, then
-    the rest. Among waiting clients, the prompt with the fewest tokens left to compute
-    before its first token (a cache hit's few, not another's cold prefill, as
-    llama-server's continuous batching serves both at once), then replies being
-    decoded; but a reply that waited STALL_S for its next token, or a prompt STARVE_S
-    for its next batch, goes first, and so does a request's first step (it finds out
-    what is cached)."""
+    the rest. Among waiting clients: a request's first step (it finds out what is
+    cached); short prompts, the fewest tokens left first (a cache hit's new message, a
+    cold prompt's last batches: a reply being decoded waits a blink for it); then the
+    replies being decoded (they take their next tokens in one step); then long prompts,
+    first come first: a cold prompt's seconds of prefill would stop every reply being
+    streamed, so it waits for them to end instead, but for at most HOLD_S since it came
+    (a small part of its own time to first token), and then goes before them. A reply
+    that waited STALL_S for its next token and a short prompt STARVE_S for its next
+    batch go before all of them."""
     if job.phase is Phase.CAPTURING:
-        return _ANSWERED_UNCAPTURED, 0.0
+        return _ANSWERED_UNCAPTURED, _URGENT, 0.0
     if not job.phase.client_waits:
-        return _ANSWERED, 0.0
+        return _ANSWERED, _URGENT, 0.0
     waited = 0.0 if job.stepped_at is None else now - job.stepped_at
     if job.phase is Phase.DECODING:
-        return _WAITED_ON, 0.0 if waited >= STALL_S else math.inf
-    return _WAITED_ON, 0.0 if waited >= STARVE_S else float(job.to_prefill)
+        return _WAITED_ON, _URGENT if waited >= STALL_S else _REPLY, 0.0
+    if job.phase is Phase.WAITING:
+        return _WAITED_ON, _URGENT, 0.0
+    if job.to_prefill <= SHORT_PROMPT_TOKENS:
+        return _WAITED_ON, _URGENT if waited >= STARVE_S else _SHORT, float(job.to_prefill)
+    return _WAITED_ON, _HELD if now - job.arrived >= HOLD_S else _LONG, job.arrived
 
 
 def holds_up(job: JobView, others: Iterable[JobView], queued: bool) -> bool:
     """Whether a long decode of ``job``'s prompt would hold up another client's first
     token: a request is ``queued``, or one of ``others`` is admitted and not looked at
-    yet (either may be a hit), or has fewer of its prompt's tokens left to compute (it
-    goes first as soon as the worker turns: a hit is not held up by another's cold
+    yet (either may be a hit), or is a short prompt with fewer tokens left (it goes
+    first as soon as the worker turns: a hit is not held up by another's cold
     prefill). Then ``job`` prefills in short decodes and pieces (``Turn.contended``).
-    Prompts with as many tokens left or more would wait for it anyway, and a reply being
-    decoded gets its next token between two decodes: a burst of cold prompts is
-    prefilled in whole merged batches, as fast as alone."""
+    Long prompts wait for the one that came first, and a reply being decoded gets its
+    next token between two decodes: a burst of cold prompts is prefilled in whole
+    merged batches, as fast as alone."""
     return queued or any(
         other.phase is Phase.WAITING
-        or (other.phase is Phase.PREFILLING and other.to_prefill < job.to_prefill)
+        or (
+            other.phase is Phase.PREFILLING
+            and other.to_prefill <= SHORT_PROMPT_TOKENS
+            and other.to_prefill < job.to_prefill
+        )
         for other in others
     )
 

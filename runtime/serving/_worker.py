@@ -257,7 +257,8 @@ class Worker:
 
     def _seen(self, job: Job) -> JobView:
         """``job`` as the rules (_schedule.py) see it."""
-        return JobView(job.phase, job.to_prefill, self._stepped.get(id(job)), job.answered_at)
+        stepped = self._stepped.get(id(job))
+        return JobView(job.phase, job.to_prefill, stepped, job.answered_at, job.arrived)
 
     def _next_waiting(self, active: Active) -> Job:
         """(lock held) Takes the next request to admit (``next_admission``)."""

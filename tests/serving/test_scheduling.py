@@ -1,7 +1,9 @@
-"""Which request the worker steps next: among clients that wait, the prompt with the
-fewest tokens left before its first token goes first (a cache hit is not held up by
-another client's cold prefill), a reply being decoded gets a step at least every
-STALL_S, and work whose client has its answer waits for both."""
+"""Which request the worker steps next: among clients that wait, short prompts first,
+the fewest tokens left before the first token first (a cache hit is not held up by
+another client's cold prefill), then the replies being decoded, then long prompts
+first come first (a cold prefill does not stop the replies being streamed, for at most
+HOLD_S); a reply gets a step at least every STALL_S, and work whose client has its
+answer waits for all of them."""
 
 from __future__ import annotations
 
@@ -23,23 +25,35 @@ from tests.conftest import fake_runtime
 NOW = 100.0
 
 
-def test_the_shortest_prompt_goes_first_and_a_stalled_reply_before_it() -> None:
+def test_short_prompts_go_first_then_replies_then_long_prompts() -> None:
     def first(*jobs: JobView) -> JobView:
         return min(jobs, key=lambda j: rules.rank(j, NOW))
 
-    cold = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW)
-    hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=NOW)
-    fresh = JobView(Phase.WAITING)  # its first step finds out what is cached
-    reply = JobView(Phase.DECODING, stepped_at=NOW)
+    cold = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW, arrived=NOW)
+    hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=NOW, arrived=NOW)
+    fresh = JobView(Phase.WAITING, arrived=NOW)  # its first step finds out what is cached
+    reply = JobView(Phase.DECODING, stepped_at=NOW, arrived=NOW)
     answered, capture = JobView(Phase.SETTLING), JobView(Phase.CAPTURING)
     draft = JobView(Phase.DRAFTING)
     ranked = sorted([cold, hit, fresh, reply, answered, capture], key=lambda j: rules.rank(j, NOW))
-    assert ranked == [fresh, hit, cold, reply, capture, answered]
+    assert ranked == [fresh, hit, reply, cold, capture, answered]
     assert rules.rank(draft, NOW) == rules.rank(answered, NOW)
-    # a reply that waited long enough for its next token, a prompt long enough for its batch
+    # a reply that waited long enough for its next token, a short prompt long enough
+    # for its batch, a long prompt long enough since it came
     stalled = JobView(Phase.DECODING, stepped_at=NOW - rules.STALL_S)
-    starved = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW - rules.STARVE_S)
+    starved = JobView(Phase.PREFILLING, to_prefill=40, stepped_at=NOW - rules.STARVE_S)
+    held = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW, arrived=NOW - rules.HOLD_S)
     assert first(cold, hit, stalled) is stalled and first(hit, starved) is starved
+    assert first(hit, reply, held) is hit and first(reply, held) is held
+    assert first(held, starved) is starved and first(held, cold) is held
+    # long prompts go in the order they came, not the shortest first
+    older = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW, arrived=NOW - 1)
+    shorter = JobView(Phase.PREFILLING, to_prefill=500, stepped_at=NOW, arrived=NOW)
+    assert first(shorter, older) is older
+    # the line between short and long
+    edge = JobView(Phase.PREFILLING, rules.SHORT_PROMPT_TOKENS, stepped_at=NOW, arrived=NOW)
+    past = JobView(Phase.PREFILLING, rules.SHORT_PROMPT_TOKENS + 1, stepped_at=NOW, arrived=NOW)
+    assert first(reply, edge) is edge and first(reply, past) is reply
 
 
 def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
@@ -125,6 +139,7 @@ class _Job:
         self.delay = delay  # seconds a batch takes
         self.phase, self.to_prefill = Phase.WAITING, 0
         self.answered_at: float | None = None
+        self.arrived = time.monotonic()
         self.next_step = None  # a reply token for the worker to decode (none here)
         self.turn = Turn()
         self.ends: set[EndNow | None] = set()
@@ -162,6 +177,7 @@ class _Job:
         self.log.append(f"{self.name} first token")
         for _ in range(self.tokens):
             yield
+        self.log.append(f"{self.name} answered")
         self.phase, self.answered_at = Phase.CAPTURING, time.monotonic()
         self.done.set()
         yield
@@ -193,6 +209,49 @@ def test_a_short_prompt_is_not_held_up_by_a_long_one() -> None:
     # the cold prompt's (round robin would have taken turns)
     assert log[:5] == ["cold claim", "hit claim", "hit batch", "hit batch", "hit first token"]
     assert log.index("cold first token") > log.index("hit first token")
+
+
+@pytest.mark.parametrize("hold_s", [60.0, 0.0])
+def test_a_long_prompt_waits_for_the_reply_being_decoded_up_to_hold_s(
+    hold_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold prompt that comes while a reply is being decoded waits for the reply's
+    end (its prefill would stop the stream for seconds), but not past HOLD_S since it
+    came; a short one (a hit) goes before the reply's next token."""
+    monkeypatch.setattr(rules, "HOLD_S", hold_s)
+    engine = FakeEngine(1024, 4, FakeOptions())
+    worker = Worker(engine, 4)
+    log: list[str] = []
+    streaming, queued = threading.Event(), threading.Event()
+    reply = _Job("reply", batches=1, size=16, tokens=20, log=log)
+    cold = _Job("cold", batches=4, size=64, tokens=1, log=log)
+    hit = _Job("hit", batches=1, size=16, tokens=1, log=log)
+    first_token = reply.steps
+
+    def noted() -> Iterator[None]:
+        for _ in first_token():
+            if reply.phase is Phase.DECODING and not streaming.is_set():
+                streaming.set()  # the others come while the reply is being decoded
+                assert queued.wait(30)
+            yield
+
+    reply._steps = noted()
+    try:
+        worker.enqueue(reply)  # type: ignore[arg-type]
+        assert streaming.wait(30)
+        with worker.lock:
+            worker.enqueue(cold)  # type: ignore[arg-type]
+            worker.enqueue(hit)  # type: ignore[arg-type]
+        queued.set()
+        assert reply.done.wait(60) and cold.done.wait(60) and hit.done.wait(60)
+    finally:
+        worker.stop()
+        worker.thread.join(30)
+    assert log.index("hit first token") < log.index("reply answered")
+    if hold_s:
+        assert log.index("reply answered") < log.index("cold batch")
+    else:
+        assert log.index("cold first token") < log.index("reply answered")
 
 
 def test_a_waiting_request_ends_work_whose_client_has_its_answer() -> None:
