@@ -17,11 +17,13 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
 
+import httpcore
 import httpx
+from httpcore._backends.sync import SyncStream
 
 from .errors import (
     ApiError,
@@ -54,29 +56,40 @@ LOAD_TIMEOUT = httpx.Timeout(5.0, read=900.0)
 QUICK_TIMEOUT = httpx.Timeout(5.0)
 
 
-class _UnixTransport(httpx.BaseTransport):
-    """httpx's transport over a Unix-domain socket, which first checks that a server
-    listens there: httpcore 1.0.9 leaves the socket of a failed connect open (closed
-    only by the garbage collector, with a ResourceWarning), and a dead server is the
-    very case the socket is for."""
+class _ClosingUnixBackend(httpcore.SyncBackend):
+    """httpcore's connect to a Unix-domain socket, but a failed connect closes its
+    socket: httpcore 1.0.9 leaves it open (closed only by the garbage collector, with a
+    ResourceWarning), and a dead server is the very case the socket is for. A probe
+    connect before each request did not cover a server that went away between the
+    probe and the request (the app closing its server while a poll was under way)."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._inner = httpx.HTTPTransport(uds=path)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            probe.settimeout(5.0)
-            probe.connect(self._path)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except TimeoutError as exc:  # (socket.timeout)
+            sock.close()
+            raise httpcore.ConnectTimeout(f"{path}: {exc}") from exc
         except OSError as exc:
-            raise httpx.ConnectError(f"{self._path}: {exc}", request=request) from exc
-        finally:
-            probe.close()
-        return self._inner.handle_request(request)
+            sock.close()
+            raise httpcore.ConnectError(f"{path}: {exc}") from exc
+        return SyncStream(sock)
 
-    def close(self) -> None:
-        self._inner.close()
+
+def _unix_transport(path: str) -> httpx.HTTPTransport:
+    """httpx's transport over the Unix-domain socket ``path``, through the backend
+    above (httpx takes no backend of its own: its pool's is replaced)."""
+    transport = httpx.HTTPTransport(uds=path)
+    transport._pool._network_backend = _ClosingUnixBackend()
+    return transport
 
 
 def session_path(session_id: str) -> str:
@@ -154,7 +167,7 @@ class ApiClient:
             return httpx.Client(headers=headers, transport=self._transport, timeout=timeout)
         # One transport per client (closing a client closes its transport), and no
         # proxy from the environment: it would carry the key off the socket.
-        transport = _UnixTransport(self._uds)
+        transport = _unix_transport(self._uds)
         return httpx.Client(headers=headers, transport=transport, timeout=timeout, trust_env=False)
 
     def close(self) -> None:

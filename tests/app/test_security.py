@@ -631,3 +631,27 @@ def test_a_data_dir_too_long_for_a_socket_gets_a_private_temporary_folder(tmp_pa
     server._proc.wait(30)
     server.stop()
     assert not path.parent.exists()  # the folder made for it goes with it
+
+
+def test_a_refused_connect_to_the_socket_leaves_no_socket_open(tmp_path):
+    """The app's server is gone but its socket file is there (a crash, a server being
+    stopped while the app polls): the request fails as the server unavailable, and the
+    socket of the failed connect is closed at once. httpcore leaves it to the garbage
+    collector, whose ResourceWarning then lands in whatever runs next (a GUI test's
+    teardown, under load)."""
+    import gc
+
+    path = tmp_path / "gone.sock"
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound.bind(str(path))  # bound, never listening: every connect is refused
+    api = ApiClient("http://127.0.0.1:9/v1", uds=str(path))
+    try:
+        gc.collect()
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            with pytest.raises(ServerUnavailable):
+                api.health()
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        api.close()
+        bound.close()
