@@ -33,8 +33,9 @@ _KEPT = ("calibration.json", "digests.json", "extra_buffers.json")
 
 @pytest.fixture(scope="session")
 def venvs() -> Path:
-    """Where setup.sh put Open WebUI's and aider's venvs."""
-    return Path(os.environ.get("WARMSTART_FRONTENDS_VENVS", ROOT / ".venv-frontends"))
+    """Where `make test-frontends` put Open WebUI's and aider's venvs (a relative path,
+    as the Makefile gives it, from the repository: the front ends run in other folders)."""
+    return ROOT / os.environ.get("WARMSTART_FRONTENDS_VENVS", ".venv-frontends")
 
 
 @pytest.fixture(scope="session")
