@@ -23,7 +23,11 @@ from urllib.parse import quote
 
 import httpcore
 import httpx
-from httpcore._backends.sync import SyncStream
+
+try:  # httpcore's own stream class, for the backend below
+    from httpcore._backends.sync import SyncStream
+except ImportError:  # another httpcore: its own backend connects, as it does
+    SyncStream = None  # type: ignore[assignment,misc]
 
 from .errors import (
     ApiError,
@@ -86,9 +90,12 @@ class _ClosingUnixBackend(httpcore.SyncBackend):
 
 def _unix_transport(path: str) -> httpx.HTTPTransport:
     """httpx's transport over the Unix-domain socket ``path``, through the backend
-    above (httpx takes no backend of its own: its pool's is replaced)."""
+    above (httpx takes no backend of its own: its pool's is replaced, where this
+    httpcore has the parts it is made of)."""
     transport = httpx.HTTPTransport(uds=path)
-    transport._pool._network_backend = _ClosingUnixBackend()
+    pool = getattr(transport, "_pool", None)
+    if SyncStream is not None and hasattr(pool, "_network_backend"):
+        pool._network_backend = _ClosingUnixBackend()  # type: ignore[union-attr]
     return transport
 
 
