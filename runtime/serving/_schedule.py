@@ -89,6 +89,11 @@ class JobView:
     answered_at: float | None = None  # when its client got the answer
     arrived: float = 0.0  # when its request came
 
+    @property
+    def short(self) -> bool:
+        """A prompt with SHORT_PROMPT_TOKENS or fewer left before its first token."""
+        return self.phase is Phase.PREFILLING and self.to_prefill <= SHORT_PROMPT_TOKENS
+
 
 # the order of work among waiting clients (rank's second number)
 _URGENT, _SHORT, _HELD, _REPLY, _LONG = 0, 1, 2, 3, 4
@@ -114,7 +119,7 @@ def rank(job: JobView, now: float) -> tuple[int, int, float]:
         return _WAITED_ON, _URGENT if waited >= STALL_S else _REPLY, 0.0
     if job.phase is Phase.WAITING:
         return _WAITED_ON, _URGENT, 0.0
-    if job.to_prefill <= SHORT_PROMPT_TOKENS:
+    if job.short:
         return _WAITED_ON, _URGENT if waited >= STARVE_S else _SHORT, float(job.to_prefill)
     return _WAITED_ON, _HELD if now - job.arrived >= HOLD_S else _LONG, job.arrived
 
@@ -129,12 +134,7 @@ def holds_up(job: JobView, others: Iterable[JobView], queued: bool) -> bool:
     next token between two decodes: a burst of cold prompts is prefilled in whole
     merged batches, as fast as alone."""
     return queued or any(
-        other.phase is Phase.WAITING
-        or (
-            other.phase is Phase.PREFILLING
-            and other.to_prefill <= SHORT_PROMPT_TOKENS
-            and other.to_prefill < job.to_prefill
-        )
+        other.phase is Phase.WAITING or (other.short and other.to_prefill < job.to_prefill)
         for other in others
     )
 
