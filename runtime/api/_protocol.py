@@ -50,9 +50,28 @@ class ConnectionLimits:
     sockets: dict[tuple[Any, ...], socket.socket] = field(default_factory=dict)
 
 
-def fd_bounded(max_connections: int) -> int:
+# asyncio accepts up to ``backlog`` connections each time the listening socket wakes it
+# and makes their protocols (which close what is over the caps) only after the whole
+# burst, the closes a loop turn later still: for a moment a burst holds its descriptors
+# on top of the open connections, and as many closing ones. Out of descriptors, asyncio
+# stops accepting for a whole second (ACCEPT_RETRY_DELAY): under trickling clients
+# /health took 1.01 s every other request with uvicorn's backlog, 2,048, and 256
+# descriptors (CI, 2026-12-06). So a burst is a share of the descriptors, and the
+# connections get what two bursts leave; the kernel's queue stays LISTEN_QUEUE deep
+# (what waits there holds no descriptor of ours).
+LISTEN_QUEUE = 2048
+
+
+@dataclass(frozen=True)
+class FdBudget:
+    connections: int  # open connections at most
+    accept_burst: int  # connections asyncio accepts at once (its ``backlog``)
+
+
+def fd_budget(max_connections: int) -> FdBudget:
     """``max_connections``, lowered to fit the process's descriptor limit (raised to
-    its hard limit first: Python keeps the shell's soft limit, often 1,024)."""
+    its hard limit first: Python keeps the shell's soft limit, often 1,024) beside two
+    bursts of accepted connections, and the size of a burst."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         try:
@@ -61,8 +80,10 @@ def fd_bounded(max_connections: int) -> int:
         except (ValueError, OSError):  # not allowed here: keep the soft limit
             pass
     if soft == resource.RLIM_INFINITY:
-        return max_connections
-    return max(4, min(max_connections, soft - RESERVED_FDS))
+        return FdBudget(max_connections, LISTEN_QUEUE)
+    room = max(16, soft - RESERVED_FDS)
+    burst = max(2, min(LISTEN_QUEUE, room // 8))
+    return FdBudget(max(4, min(max_connections, room - 2 * burst)), burst)
 
 
 def per_client_bound(per_client: int, max_connections: int) -> int:

@@ -22,7 +22,7 @@ from ..users import KeyBook, read_users
 from . import _logs
 from ._app import create_app
 from ._notify import notify_when_ready
-from ._protocol import ConnectionLimits, fd_bounded, per_client_bound, protocol_class
+from ._protocol import LISTEN_QUEUE, ConnectionLimits, fd_budget, per_client_bound, protocol_class
 from ._state import Opener
 from ._unix import UnixListener, bind_unix
 
@@ -127,9 +127,9 @@ def _serve(
 ) -> None:
     app = create_app(settings, runtime, opener)
     st = app.state.warmstart
-    most = fd_bounded(settings.max_connections)
-    per_client = per_client_bound(settings.max_connections_per_client, most)
-    limits = ConnectionLimits(most, settings.header_timeout, per_client)
+    fds = fd_budget(settings.max_connections)
+    per_client = per_client_bound(settings.max_connections_per_client, fds.connections)
+    limits = ConnectionLimits(fds.connections, settings.header_timeout, per_client)
     app.state.peer_sockets = limits.sockets
     config = uvicorn.Config(
         app,
@@ -143,6 +143,7 @@ def _serve(
         # Requests in progress at most: beyond it uvicorn answers 503 at once. It also
         # counts connections, which the protocol keeps at max_connections: one more.
         limit_concurrency=limits.max_connections + 1,
+        backlog=fds.accept_burst,  # and the listen queue, deepened once started
         h11_max_incomplete_event_size=64 << 10,  # request line and headers
         ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
         ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
@@ -185,6 +186,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
         if self.started:
             _freeze_startup_objects()
+            for sock in sockets or ():
+                sock.listen(LISTEN_QUEUE)  # asyncio's burst stays config.backlog
         # started: the lifespan ran and the sockets listen (not set when startup failed)
         if self.started and self._on_ready is not None:
             self._on_ready()
