@@ -95,10 +95,12 @@ class OpenWebUI:
         self.page.keyboard.press("Enter")
 
     def regenerate(self) -> None:
-        """The last reply's "Regenerate" button (it shows on the last reply)."""
-        reply = self.page.locator(".chat-assistant").last
-        reply.hover()
-        self.page.get_by_role("button", name="Regenerate").last.click()
+        """The last reply's "Regenerate", then "Try Again" in the menu it opens (Open
+        WebUI 0.12's menu, which also offers a suggested change, "Add Details" and "More
+        Concise"; its entries are buttons). The button alone sends nothing."""
+        self.page.locator(".chat-assistant").last.hover()
+        self.page.locator('[aria-label="Regenerate"]').last.click()
+        self.page.get_by_role("button", name="Try Again").click()
 
     def new_chat(self) -> None:
         self.page.locator("#sidebar-new-chat-button").first.click()
