@@ -103,13 +103,24 @@ class OpenWebUI:
         self.page.get_by_role("button", name="Try Again").click()
 
     def new_chat(self) -> None:
-        self.page.locator("#sidebar-new-chat-button").first.click()
+        self._open_sidebar()
+        self.page.locator("#sidebar-new-chat-button:visible").first.click()
         self.page.wait_for_url(self.base_url + "/")
 
     def open_chat(self, path: str) -> None:
         """A chat from the sidebar's list, by its link (e.g. /c/<id>)."""
-        self.page.locator(f'a[href="{path}"]').first.click()
+        self._open_sidebar()
+        self.page.locator(f'a[href="{path}"]:visible').first.click()
         self.page.wait_for_url(self.base_url + path)
+
+    def _open_sidebar(self) -> None:
+        """Open WebUI 0.12 starts with its sidebar folded to a rail of icons (its "New
+        Chat" button is then a hidden one, and the chat list is not shown): its logo,
+        "Open Sidebar", unfolds it, as a person does to find an earlier chat."""
+        opener = self.page.locator('[aria-label="Open Sidebar"]:visible')
+        if opener.count():
+            opener.first.click()
+        self.page.locator("#sidebar-new-chat-button:visible").first.wait_for()
 
     def chat_path(self) -> str:
         return self.page.url.removeprefix(self.base_url)
