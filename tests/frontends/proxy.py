@@ -163,6 +163,17 @@ class _Pending:
     status: int = 502  # until warmstart answers
     body: bytes = b""
     reply: bytearray = field(default_factory=bytearray)
+    # its own connection to warmstart, closed with the exchange: a pooled client that
+    # outlived the test left its sockets to the garbage collector (a ResourceWarning
+    # that failed the next test)
+    client: httpx.AsyncClient | None = None
+    answer: httpx.Response | None = None
+
+    async def close(self) -> None:
+        if self.answer is not None:
+            await self.answer.aclose()
+        if self.client is not None:
+            await self.client.aclose()
 
     def exchange(self) -> Exchange:
         return Exchange(
@@ -172,16 +183,16 @@ class _Pending:
 
 def recording_app(upstream: str, recorder: Recorder) -> ASGIApp:
     """An app that passes every request on to ``upstream`` and records it."""
-    client = httpx.AsyncClient(base_url=upstream, timeout=None)
 
     async def forward(request: Request) -> StreamingResponse:
         pending: _Pending = request.scope["pending"]
+        pending.client = client = httpx.AsyncClient(base_url=upstream, timeout=None)
         pending.body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["accept-encoding"] = "identity"  # the recorder reads the reply's bytes
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         sent = client.build_request(request.method, path, headers=headers, content=pending.body)
-        answer = await client.send(sent, stream=True)
+        pending.answer = answer = await client.send(sent, stream=True)
         pending.status = answer.status_code
 
         async def relay():  # type: ignore[no-untyped-def]
@@ -210,6 +221,7 @@ def recording_app(upstream: str, recorder: Recorder) -> ASGIApp:
         try:
             await inner(scope, receive, send)
         finally:
+            await pending.close()
             recorder.finish(pending.exchange())
 
     return app
