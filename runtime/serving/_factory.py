@@ -333,9 +333,10 @@ class _OnWorker:
     """The calibration's target, measured on the runtime's worker thread between
     requests: a measurement never runs beside a request's decode (each would slow the
     other, and the figures would be wrong), and waits while any request is in flight
-    or for ``IDLE_S`` after one, so that a client's next request finds the worker free.
-    A request that comes meanwhile stops the measurement at once (``Worker.stoppable``),
-    which is measured again once the worker is idle."""
+    or for ``IDLE_S`` after one (and after the start), so that a client's next request
+    finds the worker free; one measurement after another does not wait again. A request
+    that comes meanwhile stops the measurement at once (``Worker.stoppable``), which is
+    measured again once the worker is idle."""
 
     IDLE_S = 2.0
 
@@ -344,14 +345,22 @@ class _OnWorker:
         self.fingerprint = target.fingerprint
         self.kv_bytes_per_token = target.kv_bytes_per_token
         self.kv_layout: tuple[dict[str, Any], ...] | None = None
+        self._seen = -1  # the worker's arrivals when it was last found quiet (-1: never)
 
     def quiet(self, *_progress: object) -> None:
-        """Returns once the worker has been idle for ``IDLE_S``; the calibration's
-        progress callback too, so that its measurements without the model (RAM, disk,
-        zstd: seconds of a core each) start only while no client waits either."""
+        """Returns once the worker is idle and no request came in the last ``IDLE_S``
+        (none since it was last found so: no second wait); the calibration's progress
+        callback too, so that its measurements without the model (RAM, disk, zstd:
+        seconds of a core each) start only while no client waits either."""
+        worker = self._rt.worker
         while not self._stop.is_set():
-            idle = self._rt.worker.wait_idle(0.5)
-            if idle and not self._stop.wait(self.IDLE_S) and self._rt.worker.wait_idle(0):
+            idle = worker.wait_idle(0.5)
+            if idle and worker.arrivals == self._seen:
+                return
+            seen = worker.arrivals
+            quiet = idle and not self._stop.wait(self.IDLE_S) and worker.wait_idle(0)
+            if quiet and worker.arrivals == seen:
+                self._seen = seen
                 return
         raise _Stopped
 

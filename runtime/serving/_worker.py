@@ -100,6 +100,7 @@ class Worker:
         self._admitted_at: dict[str, int] = {}
         self._admissions = 0
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self.arrivals = 0  # requests and drafts queued so far (calls are not counted)
         self.closing = False
         self.in_background = False  # the worker is in a step of background work
         # another engine's work that a request stops (see ``stoppable``), and whether one did
@@ -118,6 +119,7 @@ class Worker:
         """Queues an admitted job (the caller holds ``lock`` and has checked the room)."""
         with self._cv:
             self.waiting.append(job)
+            self.arrivals += 1
             self._set_busy(True)
             if self.in_background:  # a request waits: the background decode stops now
                 self.engine.interrupt(True)
@@ -141,6 +143,7 @@ class Worker:
                     self.drafts.remove(old)
                     old.end_unstarted()
             self.drafts.append(job)
+            self.arrivals += 1
             self._idle.clear()
             self._cv.notify()
 

@@ -170,3 +170,37 @@ def test_a_request_during_the_decode_probe_is_answered_before_the_probe_ends(
     assert events[3:] == ["probe done"]  # run again, to its end, once the worker was idle
     (entry,) = json.loads(kept.read_text())["entries"].values()
     assert entry["decode_batch"] >= 2 or entry["decode_batch_note"]
+
+
+def test_the_background_calibration_waits_after_a_request_not_after_its_own_steps() -> None:
+    """``_OnWorker.quiet`` (before each measurement and each progress step) waits
+    ``IDLE_S`` of idle worker after the start and after a request, not again after the
+    calibration's own steps: those waits were most of a background calibration's time.
+    Counted: the waits it asks for, with a worker that is always idle."""
+    import threading
+    from types import SimpleNamespace
+
+    from warmstart.runtime.serving._factory import _OnWorker
+
+    waits: list[float | None] = []
+    worker = SimpleNamespace(arrivals=0, wait_idle=lambda _timeout: True)
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            if len(waits) == 2:  # a request comes during this wait: it waits again
+                worker.arrivals += 1
+            return False
+
+    target = SimpleNamespace(fingerprint="f", kv_bytes_per_token=1)
+    on = _OnWorker(target, SimpleNamespace(worker=worker), Stop())  # type: ignore[arg-type]
+    on.quiet()
+    assert waits == [_OnWorker.IDLE_S]  # after the start
+    on.quiet()
+    on.quiet("zstd levels on real KV", 0.85)
+    assert len(waits) == 1  # one step after another
+    worker.arrivals += 1  # a request came and was answered
+    on.quiet()
+    assert len(waits) == 3  # after it, and again after the one during that wait
+    on.quiet()
+    assert len(waits) == 3
