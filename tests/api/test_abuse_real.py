@@ -16,9 +16,10 @@ test_slow_bodies.py).
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import resource
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -86,14 +87,33 @@ def _cpu_share(proc: psutil.Process, window_s: float = 3.0) -> float:
     return (after.user + after.system - before.user - before.system) / window_s
 
 
-def _abandoned(url: str, body: dict[str, Any], after_s: float) -> tuple[threading.Thread, list]:
-    """A request whose client gives up after ``after_s`` seconds; the list gets the
-    moment it left."""
+def _abandoned(
+    url: str, body: dict[str, Any], after_s: float, leave: threading.Event | None = None
+) -> tuple[threading.Thread, list]:
+    """A request whose client gives up after ``after_s`` seconds, or once ``leave`` is
+    set (it closes its connection, as a client's timeout does); the list gets the moment
+    it left. A server that closes the connection first ends it too."""
     left: list[float] = []
+    target = httpx.URL(url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {target.raw_path.decode()} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
 
     def run() -> None:
-        with contextlib.suppress(httpx.TimeoutException):
-            httpx.post(url, json=body, timeout=after_s)
+        deadline = time.monotonic() + after_s
+        with socket.create_connection((target.host, target.port)) as sock:
+            sock.sendall(head.encode() + payload)
+            sock.settimeout(0.1)
+            while not (leave and leave.is_set()) and time.monotonic() < deadline:
+                try:
+                    if not sock.recv(65536):
+                        break  # the server closed it
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
         left.append(time.monotonic())
 
     thread = threading.Thread(target=run, daemon=True)
@@ -114,7 +134,8 @@ def test_an_abandoned_embedding_frees_the_core_and_chat_is_answered(real: Server
     proc = psutil.Process(real.process.pid)
     one = LONG[:1]  # the bound's baseline: one text's round trip, as the queue stops between
     text_s = slowest(lambda: httpx.post(real.v1 + "/embeddings", json={"input": one}, timeout=120))
-    client, left = _abandoned(real.v1 + "/embeddings", {"input": LONG}, after_s=20.0)
+    leave = threading.Event()  # the client leaves once the chat is answered
+    client, left = _abandoned(real.v1 + "/embeddings", {"input": LONG}, 120.0, leave)
     _until(lambda: _queue(real)["active"] == 1)
     busy = _cpu_share(proc)
     t0 = time.monotonic()
@@ -122,6 +143,7 @@ def test_an_abandoned_embedding_frees_the_core_and_chat_is_answered(real: Server
     chat_s = time.monotonic() - t0
     assert reply.status_code == 200, reply.text
     assert not left and _queue(real)["active"] >= 1  # answered while the embedding ran
+    leave.set()
     client.join(60)
     _until(lambda: _queue(real)["active"] == 0, timeout=30)
     freed = time.monotonic() - left[0]
