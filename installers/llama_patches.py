@@ -49,10 +49,10 @@ from __future__ import annotations
 # 8.9 ms a step, four 23 ms, eight 41 ms; default model, 300 tokens of context), and on
 # x86 a Q4_1 product has no kernel but vec_dot, so a prompt batch of the default model
 # was also computed a dot product at a time. Built here, the CPU backend (x86 with AVX2)
-# computes a rowwise Q4_1 or Q8_0 product, and any Q4_1 product, by loading and unpacking
-# each block of a weight row once for up to eight rows (four without AVX-512's 32
-# registers), each row's sums in the lone vec_dot's order: the same bits (the decode
-# probe; any Q4_1 product as before), in fewer instructions, with independent chains of
+# computes a rowwise Q4_1 or Q8_0 product, and any Q4_1 product of two rows or more, by
+# loading and unpacking each block of a weight row once for up to eight rows (four
+# without AVX-512's 32 registers), each row's sums in the lone vec_dot's order: the same
+# bits (the decode probe; a Q4_1 prompt batch as before), with independent chains of
 # sums where the lone kernel waits on one. A step of four replies 18 ms, eight 28 ms; a
 # cold prefill of 1,500 tokens 0.69 of the build before. Other weight types and CPUs
 # keep the kernels of 2. The hint now marks only a batch of several sequences: a
