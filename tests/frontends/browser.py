@@ -31,6 +31,8 @@ FLAGS = [
 ADMIN = {"name": "Test Admin", "email": "admin@example.com", "password": "warmstart-frontends"}
 REPLY_TIMEOUT_S = 1500.0  # a reply and its background tasks, on a busy 2-core machine
 QUIET_S = 6.0  # no request open for this long: Open WebUI's background tasks are done
+SEND_WAIT_S = 30.0  # a message Open WebUI takes leaves its input empty within this
+SEND_TRIES = 3
 
 
 @contextlib.contextmanager
@@ -90,9 +92,25 @@ class OpenWebUI:
         self.page.get_by_role("option", name=label).click()
 
     def send(self, text: str) -> None:
-        self.page.locator("#chat-input").click()
-        self.page.keyboard.type(text)
-        self.page.keyboard.press("Enter")
+        """Types ``text`` into the chat input and sends it with Enter, as a person does.
+        A page still rendering on a busy machine may drop the Enter or the keys (a run
+        waited 25 minutes after a new chat for a request Open WebUI never sent: its log
+        has no POST for it): sent is when the input is empty again, and until it is,
+        Enter is pressed again (the text typed again where the keys were lost)."""
+        box = self.page.locator("#chat-input")
+        for _ in range(SEND_TRIES):
+            box.click()
+            if box.inner_text().strip() != text:
+                self.page.keyboard.press("Control+A")
+                self.page.keyboard.press("Delete")
+                self.page.keyboard.type(text)
+            self.page.keyboard.press("Enter")
+            deadline = time.monotonic() + SEND_WAIT_S
+            while time.monotonic() < deadline:
+                if not box.inner_text().strip():
+                    return
+                time.sleep(0.5)
+        raise TimeoutError(f"Open WebUI kept {text!r} in its input after {SEND_TRIES} Enters")
 
     def regenerate(self) -> None:
         """The last reply's "Regenerate", then "Try Again" in the menu it opens (Open
