@@ -106,6 +106,7 @@ class Job:
         # found what is cached), when its client got the answer (time.monotonic())
         self.phase = Phase.WAITING
         self.to_prefill = 0
+        self.to_decode: int | None = None  # the most tokens the reply has left
         self.answered_at: float | None = None
         # the reply's next token, for the worker to decode before the job's next step
         # (alone, or in one batch with other replies' tokens: Tuning.decode_batch)
@@ -436,7 +437,7 @@ class Job:
                 break
             if n == 1:  # the first token: see HANDOFF_S
                 self.stream.wait_handled(HANDOFF_S)
-            self.next_step = (res, token)
+            self.next_step, self.to_decode = (res, token), budget - n
             yield  # the worker decodes it, alone or with other replies' tokens
             self.next_step = None
             token, logprob = self._sample(sampler, self.turn.decoded)

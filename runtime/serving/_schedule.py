@@ -27,8 +27,16 @@ SHORT_PROMPT_TOKENS = 64
 # a longer one (a cold prompt, seconds of prefill) waits for the replies being decoded
 # until it has waited this long since it came, then goes before them
 HOLD_S = 3.0
-# while a client waits that would go first, a prompt's decodes hold at most this many
-# tokens (about half a second on a 2-core CPU), so a short one is not held up for seconds
+# but for a reply with at most this many tokens left of its max_tokens (a third of a
+# second of decode steps on a 2-core CPU): it ends first, unless the prompt has waited
+# FINISHING_GRACE_S more. A reply then streams to its end instead of standing still for
+# a second in its last tokens (the 4-client trace's median reply: docs/batched-decode.md)
+FINISHING_TOKENS = 16
+FINISHING_GRACE_S = 1.5
+# while a client waits that would go first, or until it has waited that long while
+# replies are being decoded, a prompt's decodes hold at most this many tokens (about
+# half a second on a 2-core CPU), so a short one is not held up for seconds, nor a
+# reply that waited STALL_S
 CONTENDED_BATCH_TOKENS = 128
 # and a longer batch goes in pieces of about this many (see decode_limits)
 CONTENDED_PIECE_TOKENS = 64
@@ -88,6 +96,11 @@ class JobView:
     stepped_at: float | None = None  # when its last step ended (None: not stepped yet)
     answered_at: float | None = None  # when its client got the answer
     arrived: float = 0.0  # when its request came
+    to_decode: int | None = None  # the most tokens its reply has left (None: no reply yet)
+
+    def overdue(self, now: float) -> bool:
+        """A long prompt that has waited HOLD_S and FINISHING_GRACE_S since it came."""
+        return now - self.arrived >= HOLD_S + FINISHING_GRACE_S
 
     @property
     def short(self) -> bool:
@@ -96,7 +109,7 @@ class JobView:
 
 
 # the order of work among waiting clients (rank's second number)
-_URGENT, _SHORT, _HELD, _REPLY, _LONG = 0, 1, 2, 3, 4
+_URGENT, _SHORT, _OVERDUE, _FINISHING, _HELD, _REPLY, _LONG = range(7)
 
 
 def rank(job: JobView, now: float) -> tuple[int, int, float]:
@@ -107,34 +120,47 @@ def rank(job: JobView, now: float) -> tuple[int, int, float]:
     replies being decoded (they take their next tokens in one step); then long prompts,
     first come first: a cold prompt's seconds of prefill would stop every reply being
     streamed, so it waits for them to end instead, but for at most HOLD_S since it came
-    (a small part of its own time to first token), and then goes before them. A reply
-    that waited STALL_S for its next token and a short prompt STARVE_S for its next
-    batch go before all of them."""
-    if job.phase is Phase.CAPTURING:
-        return _ANSWERED_UNCAPTURED, _URGENT, 0.0
-    if not job.phase.client_waits:
-        return _ANSWERED, _URGENT, 0.0
+    (a small part of its own time to first token), and then goes before them; before a
+    reply that ends within FINISHING_TOKENS, only once it has waited FINISHING_GRACE_S
+    more (a few steps finish that reply). A reply that waited STALL_S for its next
+    token and a short prompt STARVE_S for its next batch go before all of them. Work
+    whose client has its answer goes in the order the answers were given: a chat's
+    reply is settled before the background requests a front end sends after it (Open
+    WebUI's title and tags), so the chat's next turn finds it whole."""
+    if not job.phase.client_waits:  # first answered, first kept (a draft: as of now)
+        answered = job.answered_at if job.answered_at is not None else now
+        uncaptured = job.phase is Phase.CAPTURING
+        return _ANSWERED_UNCAPTURED if uncaptured else _ANSWERED, _URGENT, answered
     waited = 0.0 if job.stepped_at is None else now - job.stepped_at
     if job.phase is Phase.DECODING:
-        return _WAITED_ON, _URGENT if waited >= STALL_S else _REPLY, 0.0
+        if waited >= STALL_S:
+            return _WAITED_ON, _URGENT, 0.0
+        ending = job.to_decode is not None and job.to_decode <= FINISHING_TOKENS
+        return _WAITED_ON, _FINISHING if ending else _REPLY, 0.0
     if job.phase is Phase.WAITING:
         return _WAITED_ON, _URGENT, 0.0
     if job.short:
         return _WAITED_ON, _URGENT if waited >= STARVE_S else _SHORT, float(job.to_prefill)
+    if job.overdue(now):
+        return _WAITED_ON, _OVERDUE, job.arrived
     return _WAITED_ON, _HELD if now - job.arrived >= HOLD_S else _LONG, job.arrived
 
 
-def holds_up(job: JobView, others: Iterable[JobView], queued: bool) -> bool:
-    """Whether a long decode of ``job``'s prompt would hold up another client's first
-    token: a request is ``queued``, or one of ``others`` is admitted and not looked at
-    yet (either may be a hit), or is a short prompt with fewer tokens left (it goes
-    first as soon as the worker turns: a hit is not held up by another's cold
-    prefill). Then ``job`` prefills in short decodes and pieces (``Turn.contended``).
-    Long prompts wait for the one that came first, and a reply being decoded gets its
+def holds_up(job: JobView, others: Iterable[JobView], queued: bool, now: float) -> bool:
+    """Whether a long decode of ``job``'s prompt would hold up another client: a request
+    is ``queued``, or one of ``others`` is admitted and not looked at yet (either may be
+    a hit), or is a short prompt with fewer tokens left (it goes first as soon as the
+    worker turns: a hit is not held up by another's cold prefill); or a reply is being
+    decoded and ``job`` is not overdue (a hit that comes then is not held up by a whole
+    batch either, and the reply gets its next token after STALL_S). Then ``job``
+    prefills in short decodes and pieces (``Turn.contended``). Long prompts wait for the
+    one that came first, and an overdue one goes in whole batches, a reply getting its
     next token between two decodes: a burst of cold prompts is prefilled in whole
     merged batches, as fast as alone."""
     return queued or any(
-        other.phase is Phase.WAITING or (other.short and other.to_prefill < job.to_prefill)
+        other.phase is Phase.WAITING
+        or (other.short and other.to_prefill < job.to_prefill)
+        or (other.phase is Phase.DECODING and not job.overdue(now))
         for other in others
     )
 

@@ -261,7 +261,8 @@ class Worker:
     def _seen(self, job: Job) -> JobView:
         """``job`` as the rules (_schedule.py) see it."""
         stepped = self._stepped.get(id(job))
-        return JobView(job.phase, job.to_prefill, stepped, job.answered_at, job.arrived)
+        seen = (job.phase, job.to_prefill, stepped, job.answered_at, job.arrived)
+        return JobView(*seen, job.to_decode)
 
     def _next_waiting(self, active: Active) -> Job:
         """(lock held) Takes the next request to admit (``next_admission``)."""
@@ -283,9 +284,9 @@ class Worker:
 
     def _holds_up(self, job: Job, active: Active) -> bool:
         """(lock held) Whether a long decode of ``job``'s prompt would hold up another
-        client's first token (``holds_up``: ``active`` holds the others)."""
+        client (``holds_up``: ``active`` holds the others)."""
         others = [self._seen(other) for other in active]
-        return holds_up(self._seen(job), others, bool(self.waiting))
+        return holds_up(self._seen(job), others, bool(self.waiting), time.monotonic())
 
     def _set_busy(self, busy: bool) -> None:
         """(lock held) Tells ``on_busy`` when a client starts or stops waiting."""

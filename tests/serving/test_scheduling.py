@@ -58,20 +58,66 @@ def test_short_prompts_go_first_then_replies_then_long_prompts() -> None:
 
 def test_only_a_client_that_would_go_first_splits_a_prompts_decodes() -> None:
     """A prompt is prefilled in short decodes and pieces only while a client waits that
-    would go first (a hit, a request not looked at yet, one still queued); beside
-    other cold prompts and replies being decoded it goes in whole merged batches (a
-    burst of cold prompts then takes what each alone takes: in 64-token pieces, 448
-    tokens took 9% longer)."""
-    job = JobView(Phase.PREFILLING, to_prefill=440, stepped_at=0.0)
+    would go first (a hit, a request not looked at yet, one still queued), or a reply is
+    being decoded while the prompt is not overdue; beside other cold prompts it goes in
+    whole merged batches (a burst of cold prompts then takes what each alone takes: in
+    64-token pieces, 448 tokens took 9% longer), and so does an overdue one beside
+    replies."""
+    job = JobView(Phase.PREFILLING, to_prefill=440, stepped_at=0.0, arrived=NOW)
     cold = JobView(Phase.PREFILLING, to_prefill=450, stepped_at=0.0)
     hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=0.0)
     fresh = JobView(Phase.WAITING)
     reply, answered = JobView(Phase.DECODING, stepped_at=0.0), JobView(Phase.CAPTURING)
     draft = JobView(Phase.DRAFTING)
-    assert not rules.holds_up(job, [cold, reply, answered, draft], queued=False)
-    assert rules.holds_up(job, [cold, hit], queued=False)
-    assert rules.holds_up(job, [reply, fresh], queued=False)
-    assert rules.holds_up(job, [cold], queued=True)
+    assert not rules.holds_up(job, [cold, answered, draft], queued=False, now=NOW)
+    assert rules.holds_up(job, [cold, hit], queued=False, now=NOW)
+    assert rules.holds_up(job, [reply, fresh], queued=False, now=NOW)
+    assert rules.holds_up(job, [cold], queued=True, now=NOW)
+    # replies being decoded: pieces until the prompt is overdue, then whole batches
+    assert rules.holds_up(job, [cold, reply], queued=False, now=NOW)
+    late = NOW + rules.HOLD_S + rules.FINISHING_GRACE_S
+    assert rules.holds_up(job, [cold, reply], queued=False, now=late - 0.1)
+    assert not rules.holds_up(job, [cold, reply], queued=False, now=late)
+    assert rules.holds_up(job, [cold, reply, hit], queued=False, now=late)
+
+
+def test_a_reply_about_to_end_ends_before_a_held_prompt() -> None:
+    """A reply with at most FINISHING_TOKENS left of its max_tokens goes before a long
+    prompt that has waited HOLD_S (a few steps end it, where it would stand still for
+    the prompt's seconds), but not once the prompt has waited FINISHING_GRACE_S more;
+    it never goes before a short prompt, and a reply with more left never before a
+    held prompt."""
+
+    def first(now: float, *jobs: JobView) -> JobView:
+        return min(jobs, key=lambda j: rules.rank(j, now))
+
+    def reply(now: float, left: int | None) -> JobView:  # it got its last token just now
+        return JobView(Phase.DECODING, stepped_at=now, to_decode=left)
+
+    prompt = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW, arrived=NOW)
+    hit = JobView(Phase.PREFILLING, to_prefill=15, stepped_at=NOW, arrived=NOW)
+    held, grace, most = NOW + rules.HOLD_S, rules.FINISHING_GRACE_S, rules.FINISHING_TOKENS
+    assert first(held, prompt, ending := reply(held, most)) is ending
+    assert first(held, prompt, reply(held, most + 1)) is prompt
+    assert first(held, prompt, reply(held, None)) is prompt
+    assert first(held + grace, prompt, reply(held + grace, most)) is prompt
+    assert first(NOW, prompt, ending := reply(NOW, most)) is ending
+    assert first(NOW, hit, reply(NOW, 1)) is hit
+    # an overdue prompt still goes in the order prompts came
+    older = JobView(Phase.PREFILLING, to_prefill=1800, stepped_at=NOW, arrived=NOW - 1)
+    assert first(held + rules.FINISHING_GRACE_S, prompt, older) is older
+
+
+def test_answered_work_goes_in_the_order_the_answers_were_given() -> None:
+    """Captures before settling, each in the order the clients got their answers: a
+    chat's reply is kept and settled before the background requests a front end sends
+    after it, whose answers came later (a draft counts as answered now)."""
+    chat = JobView(Phase.SETTLING, answered_at=NOW - 5)
+    title = JobView(Phase.SETTLING, answered_at=NOW - 1)
+    tags = JobView(Phase.CAPTURING, answered_at=NOW - 0.5)
+    draft = JobView(Phase.DRAFTING)
+    ranked = sorted([draft, tags, title, chat], key=lambda j: rules.rank(j, NOW))
+    assert ranked == [tags, chat, title, draft]
 
 
 def test_a_contended_prompt_decodes_less_at_a_time() -> None:
@@ -137,7 +183,7 @@ class _Job:
     ) -> None:
         self.name, self.batches, self.size, self.tokens, self.log = name, batches, size, tokens, log
         self.delay = delay  # seconds a batch takes
-        self.phase, self.to_prefill = Phase.WAITING, 0
+        self.phase, self.to_prefill, self.to_decode = Phase.WAITING, 0, None
         self.answered_at: float | None = None
         self.arrived = time.monotonic()
         self.next_step = None  # a reply token for the worker to decode (none here)
