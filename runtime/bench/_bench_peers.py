@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -26,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import PeerError, WarmstartError
@@ -109,18 +111,29 @@ def run_trace(server: Server, home: Path, plan: _trace.TracePlan) -> _trace.Trac
 
 
 def run_traces(
-    setup: Setup, names: list[str], plan: _trace.TracePlan, rounds: int, tmp: str
+    setup: Setup,
+    names: list[str],
+    plan: _trace.TracePlan,
+    rounds: int,
+    tmp: str,
+    log_to: Path | None = None,
 ) -> dict[str, _trace.TraceResult]:
     """Each system's trace ``rounds`` times, in rounds that alternate who goes first
     (A B, B A, ...), each run on a fresh home, pooled: the trace takes about half a
     minute a system, and this machine's speed drifts by 20% within minutes, so one
     run of each, one after the other, put the drift into their ratio (the P99 read
-    0.92 in one run and 1.20 in the next)."""
+    0.92 in one run and 1.20 in the next). ``log_to``: a file that gets every request
+    of every run, a JSON line each (``_trace.Request`` with its system and run)."""
     pooled = {name: _trace.TraceResult() for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             home = _home(tmp, f"{name}-trace-{r}")
-            pooled[name].add(run_trace(trace_server(setup, name, plan.clients), home, plan))
+            result = run_trace(trace_server(setup, name, plan.clients), home, plan)
+            if log_to is not None:
+                with log_to.open("a") as f:
+                    for req in sorted(result.requests, key=lambda q: q.sent_s):
+                        f.write(json.dumps({"system": name, "run": r, **asdict(req)}) + "\n")
+            pooled[name].add(result)
     return pooled
 
 
@@ -215,6 +228,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=2,
         help="runs of the trace on each system, interleaved and pooled (default %(default)s)",
     )
+    p.add_argument(
+        "--trace-log",
+        type=Path,
+        help="append every trace request to this file, a JSON line each (system, run, "
+        "client, chat, turn, when it was sent, TTFT, decode rate, longest pause, tokens)",
+    )
     p.add_argument("--cache", type=Path, default=CACHE, help="where the builds are kept")
     args = p.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -307,7 +326,8 @@ def measure(args: argparse.Namespace) -> str:
         traced = (
             [] if args.no_trace else [s for s in ("llama-server", "warmstart") if s in args.systems]
         )
-        trace = run_traces(setup, traced, plan, max(args.trace_rounds, 1), tmp)
+        rounds = max(args.trace_rounds, 1)
+        trace = run_traces(setup, traced, plan, rounds, tmp, args.trace_log)
     return render(scen, trace, args.systems, setup, plan)
 
 

@@ -56,6 +56,23 @@ class Batching:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request of a trace as its client saw it (``--trace-log``): who sent it, when
+    (seconds after the trace began), and what came back."""
+
+    client: int
+    chat: int
+    turn: int
+    sent_s: float
+    ttft: float
+    decode_tps: float
+    longest_pause: float
+    completion_tokens: int
+    prompt_tokens: int
+    cached_tokens: int | None
+
+
 @dataclass
 class TraceResult:
     ttfts: list[float] = field(default_factory=list)
@@ -65,6 +82,7 @@ class TraceResult:
     errors: list[str] = field(default_factory=list)
     pauses: list[float] = field(default_factory=list)  # each reply's longest
     batching: Batching | None = None  # None: the server has no such figures
+    requests: list[Request] = field(default_factory=list)  # in the order they ended
 
     def add(self, other: TraceResult) -> None:
         """Pools another run of the same trace into this one."""
@@ -74,6 +92,7 @@ class TraceResult:
         self.wall_s += other.wall_s
         self.errors += other.errors
         self.pauses += other.pauses
+        self.requests += other.requests
         if other.batching is not None:
             mine = self.batching or Batching(most=other.batching.most)
             mine.steps += other.batching.steps
@@ -89,6 +108,7 @@ def _client(
     out: TraceResult,
     lock: threading.Lock,
     start: threading.Barrier,
+    began: list[float],
 ) -> None:
     """One user: turn 1 of each chat, then back to the oldest for turn 2, and so on."""
     systems = [document(100 + index * plan.chats + c, plan.system_chars) for c in range(plan.chats)]
@@ -97,6 +117,7 @@ def _client(
     for turn in range(plan.turns):
         for chat, system in enumerate(systems):
             question = QUESTIONS[(turn + chat + index) % len(QUESTIONS)]
+            sent = time.perf_counter()
             try:
                 reply = ask(
                     base_url, conversation(system, question, history[chat]), plan.max_tokens
@@ -113,24 +134,35 @@ def _client(
                     out.decode_tps.append(reply.decode_tps)
                 if not math.isnan(reply.longest_pause):
                     out.pauses.append(reply.longest_pause)
+                out.requests.append(
+                    Request(
+                        index, chat, turn, sent - began[0], reply.ttft, reply.decode_tps,
+                        reply.longest_pause, reply.completion_tokens, reply.prompt_tokens,
+                        reply.cached_tokens,
+                    )
+                )  # fmt: skip
 
 
 def run_trace(base_url: str, plan: TracePlan) -> TraceResult:
     """Every client's requests, the clients at once; then the server's batching figures
     (counted over this server's life: a trace runs on a fresh one)."""
     out, lock = TraceResult(), threading.Lock()
-    start = threading.Barrier(plan.clients + 1)
+    began = [0.0]  # set as the clients start
+    start = threading.Barrier(
+        plan.clients + 1, action=lambda: began.__setitem__(0, time.perf_counter())
+    )
     threads = [
-        threading.Thread(target=_client, args=(base_url, plan, i, out, lock, start), daemon=True)
+        threading.Thread(
+            target=_client, args=(base_url, plan, i, out, lock, start, began), daemon=True
+        )
         for i in range(plan.clients)
     ]
     for t in threads:
         t.start()
     start.wait()
-    began = time.perf_counter()
     for t in threads:
         t.join()
-    out.wall_s = time.perf_counter() - began
+    out.wall_s = time.perf_counter() - began[0]
     if out.errors:
         raise PeerError(f"{base_url}: {len(out.errors)} trace requests failed: {out.errors[0]}")
     out.batching = batching(base_url)
