@@ -325,16 +325,22 @@ def live_prefix(
 
 
 # a finished reply -------------------------------------------------------------------------
+# the most one-token decodes that close a reply for the next turn (ReplyPlan.closing)
+CLOSING_TOKENS = 2
+
+
 @dataclass(frozen=True)
 class ReplyPlan:
     """How a sequence that holds a prompt and its reply becomes the next turn's prompt
     ``target`` (up to its new message): the first ``reused`` tokens stay as computed,
     then ``target`` is prefilled along the batch ends ``cuts``. ``closing``: a reply
     that max_tokens cut ends with a token sampled but never decoded, and the next turn
-    steps through it as the last of the reply's one-token batches, which a store keeps
-    as one chunk; without it the chunk kept would be another one, and the next turn
-    would restore only up to the reply's start. So where that batch ends, when one
-    token is all it takes to hold it (None: nothing to close)."""
+    steps through it as one of the reply's one-token batches, which a store keeps as
+    one chunk up to the run's end; without it the chunk kept would be another one, and
+    the next turn would restore only up to the reply's start. So where that run ends,
+    when at most ``CLOSING_TOKENS`` decodes hold it (None: nothing to close): the
+    token never decoded, and the end-of-turn token where it is a batch of its own (a
+    template whose next turn opens right after it, as Llama 3's does)."""
 
     target: list[int]
     reused: int
@@ -354,5 +360,10 @@ def reply_plan(
     prompt ``target`` with batch ends ``cuts``."""
     reused = reusable(bounds, held, target, cuts)
     rest = [c for c in cuts if c > reused]
-    closes = bool(rest) and rest[0] == reused + 1 and reused >= prompt_tokens
-    return ReplyPlan(list(target), reused, rest, rest[0] if closes else None)
+    run = reused  # the end of the one-token batches that follow what is reused
+    for end in rest:
+        if end != run + 1:
+            break
+        run = end
+    closes = reused >= prompt_tokens and reused < run <= reused + CLOSING_TOKENS
+    return ReplyPlan(list(target), reused, rest, run if closes else None)

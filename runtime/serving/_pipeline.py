@@ -529,16 +529,19 @@ class Job:
         return self._keep(res, ends_through(res.bounds, plan.cuts[-1]))
 
     def _close_reply(self, res: Resident, plan: ReplyPlan) -> int:
-        """Decodes the reply's last token when it was sampled but never decoded
-        (``ReplyPlan.closing``: one token, the waiting request hardly notices); returns
-        how much of the next turn's prompt the sequence then holds."""
+        """Decodes the reply's last token when it was sampled but never decoded, and
+        the end-of-turn token where it is a batch of its own (``ReplyPlan.closing``:
+        a token at a time, at most two, which the waiting request hardly notices);
+        returns how much of the next turn's prompt the sequence then holds."""
         if plan.closing is None:
             return plan.reused
-        self.env.engine.trim(res, plan.reused)
-        last = plan.target[plan.reused : plan.closing]
-        if not self.env.engine.prefill(res, last, want_logits=False):
-            return plan.reused  # (nothing interrupts a job the worker ends at once)
-        return plan.closing
+        engine, held = self.env.engine, plan.reused
+        engine.trim(res, held)
+        for end in range(held + 1, plan.closing + 1):  # one-token batches
+            if not engine.prefill(res, plan.target[held:end], want_logits=False):
+                break  # (nothing interrupts a job the worker ends at once)
+            held = end
+        return held
 
     def _next_prompt(self, res: Resident) -> tuple[list[int], list[int]]:
         """The tokens the next turn's prompt starts with, and its batch ends over them.

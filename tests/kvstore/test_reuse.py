@@ -29,7 +29,7 @@ def test_the_last_batch_is_recomputed_unless_its_logits_were_kept() -> None:
     assert live_prefix([4, 8, 10], held, longer, [4, 8, 10, 12], logits_at=10) == 10
 
 
-def test_a_reply_cut_by_max_tokens_is_closed_by_one_decode() -> None:
+def test_a_reply_cut_by_max_tokens_is_closed_by_a_decode_or_two() -> None:
     # a prompt of 10 tokens, two reply tokens decoded a token at a time, the third
     # sampled but never decoded; the next turn steps through all three
     held, bounds = list(range(12)), [8, 10, 11, 12]
@@ -43,10 +43,15 @@ def test_a_reply_cut_by_max_tokens_is_closed_by_one_decode() -> None:
     # a reply re-prefilled along other batches: from the prompt's end, nothing closed
     plan = reply_plan([8, 10, 11, 12], held, target, [8, 10, 15], prompt_tokens=10)
     assert (plan.reused, plan.cuts, plan.closing) == (10, [15], None)
-    # a reply the template renders otherwise: from where it differs (its first token
-    # a batch of its own, which one decode holds)
+    # the end of turn a one-token batch too (the next turn opens right after it, as
+    # in Llama 3's markup): the run of one-token batches ends after it, two decodes
+    target, cuts = [*held, 12, 13, 14, 15], [8, 10, 11, 12, 13, 14, 16]
+    plan = reply_plan(bounds, held, target, cuts, prompt_tokens=10)
+    assert (plan.reused, plan.cuts, plan.closing) == (12, [13, 14, 16], 14)
+    # a reply the template renders otherwise: from where it differs, three one-token
+    # batches to the run's end, more than a waiting request waits for: none closed
     plan = reply_plan(bounds, held, [*range(10), 7, 7, 7], [8, 10, 11, 12, 13], 10)
-    assert (plan.reused, plan.cuts, plan.closing) == (10, [11, 12, 13], 11)
+    assert (plan.reused, plan.cuts, plan.closing) == (10, [11, 12, 13], None)
     # nothing of the reply kept as decoded: the prompt's own end is not closed
     plan = reply_plan([8, 10], held[:10], target, cuts, prompt_tokens=12)
     assert (plan.reused, plan.closing) == (10, None)

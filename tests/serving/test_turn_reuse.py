@@ -10,6 +10,7 @@ including when a step is sent the moment the previous reply ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import replace
@@ -189,16 +190,31 @@ def test_a_repeat_drawn_from_the_kept_logits_equals_the_cold_reply(  # type: ign
     assert again == first == cold
 
 
+@pytest.mark.parametrize("markup", ["chatml", "llama-3"])
 def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
-    make_runtime, tmp_path, monkeypatch
+    make_runtime, tmp_path, monkeypatch, markup
 ) -> None:  # type: ignore[no-untyped-def]
     """Another request took the sequence the moment a reply ended (the worker's
     _make_room: its settling is cut short, the reply stored as decoded). A reply that
     max_tokens cut ends with a token sampled but never decoded: it is decoded then, so
     the reply's chunk is the one the next turn's prompt steps through, and turn 2,
-    restored from the store, reuses the whole reply, and still equals ``--no-cache``."""
+    restored from the store, reuses the whole reply, and still equals ``--no-cache``.
+    With Llama 3's markup (a synthetic model's) the next turn opens right after the
+    end-of-turn token, which is then a one-token batch of the reply's run too: it is
+    decoded as well (the 1B-shaped trace restored only up to each reply's start)."""
+    from warmstart.runtime.models import synthetic_model
+    from warmstart.runtime.serving._factory import build_runtime
     from warmstart.runtime.serving._pipeline import Job
     from warmstart.runtime.serving._schedule import EndNow, Turn
+
+    from tests.conftest import small_settings
+
+    if markup == "llama-3":
+        model = synthetic_model("tiny", tmp_path)
+
+        def make_runtime(data_dir, **overrides):  # type: ignore[no-untyped-def]
+            settings = small_settings(data_dir, model, extra_buffers="off", **overrides)
+            return opened.enter_context(build_runtime(settings))
 
     settle = Job._settle
 
@@ -207,17 +223,21 @@ def test_a_reply_cut_by_max_tokens_and_hurried_is_reused_to_its_end(
         return (yield from settle(self, res))
 
     monkeypatch.setattr(Job, "_settle", hurried)
-    rt = make_runtime(tmp_path / "cached", step_replies=True)
-    oracle = make_runtime(tmp_path / "oracle", no_cache=True, step_replies=True)
-    messages: tuple[Message, ...] = (SYSTEM, Message("user", "Tell me about the sea."))
-    first = _chat(messages, 6)
-    reply, _ = _reply(rt, first)
-    rt.evict_live()  # the sequence went to another conversation
-    second = _chat((*messages, reply, Message("user", "And rivers?")), 6)
-    again, cached = _reply(rt, second)
-    assert again.content == _reply(oracle, second)[0].content
-    reply_ends = _history_tokens(rt, second.messages[:-1], second) - 2  # (its markup)
-    assert cached >= reply_ends - 1 and cached >= len(rt.prompter.prompt_ids(first)[0]) + 5
+    with contextlib.ExitStack() as opened:
+        rt = make_runtime(tmp_path / "cached", step_replies=True)
+        oracle = make_runtime(tmp_path / "oracle", no_cache=True, step_replies=True)
+        messages: tuple[Message, ...] = (SYSTEM, Message("user", "Tell me about the sea."))
+        first = _chat(messages, 6)
+        reply, _ = _reply(rt, first)
+        rt.evict_live()  # the sequence went to another conversation
+        second = _chat((*messages, reply, Message("user", "And rivers?")), 6)
+        again, cached = _reply(rt, second)
+        assert again.content == _reply(oracle, second)[0].content
+        history = _history_tokens(rt, second.messages[:-1], second)
+        prompt = len(rt.prompter.prompt_ids(first)[0])
+    # ChatML: all but the reply's end-of-turn markup (2 tokens); Llama 3: all of it
+    assert cached >= (history - 1 if markup == "llama-3" else history - 3)
+    assert cached >= prompt + 5
 
 
 @pytest.mark.parametrize("step_replies", [True, False], ids=["stepped", "re-prefilled"])
