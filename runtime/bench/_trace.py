@@ -25,6 +25,11 @@ class TracePlan:
     turns: int
     system_chars: int
     max_tokens: int
+    # the questions' share of their length kept: a byte-level tokenizer (a synthetic
+    # model's) makes about five times the tokens of a real one of the same text, so its
+    # questions are cut as its system prompts are (a real model's new message is a
+    # handful of tokens, and the scheduler treats a short prompt otherwise)
+    question_scale: float = 1.0
 
     @classmethod
     def make(
@@ -36,8 +41,17 @@ class TracePlan:
             raise PeerError(f"the trace needs at least one client, not {clients}")
         scale = chars_per_token / CHARS_PER_TOKEN
         if quick:
-            return cls(clients, chats=2, turns=2, system_chars=round(400 * scale), max_tokens=8)
-        return cls(clients, chats=3, turns=3, system_chars=round(1_600 * scale), max_tokens=16)
+            return cls(clients, 2, 2, round(400 * scale), max_tokens=8, question_scale=scale)
+        return cls(clients, 3, 3, round(1_600 * scale), max_tokens=16, question_scale=scale)
+
+    def question(self, i: int) -> str:
+        """The i-th question (in turn), cut to ``question_scale`` of its length."""
+        text = QUESTIONS[i % len(QUESTIONS)]
+        return (
+            text
+            if self.question_scale >= 1
+            else text[: max(3, round(len(text) * self.question_scale))]
+        )
 
     @property
     def requests(self) -> int:
@@ -116,7 +130,7 @@ def _client(
     start.wait()
     for turn in range(plan.turns):
         for chat, system in enumerate(systems):
-            question = QUESTIONS[(turn + chat + index) % len(QUESTIONS)]
+            question = plan.question(turn + chat + index)
             sent = time.perf_counter()
             try:
                 reply = ask(

@@ -6,11 +6,17 @@ geometry of Llama-3-8B or Llama-3.2-1B (or a smaller one for CPU tests), Q8_0
 weights drawn once per tensor shape and shared by every layer (the compute costs
 the same; the file is written in seconds), and a SentencePiece-style vocabulary of
 the 256 byte tokens plus <unk>, <s> and </s>, so any text tokenizes, and Llama 3's
-chat markup as control tokens. The replies are noise; the timings are those of a
-real model of that size, and the prompt's structure that of a real chat model: a
-template of plain text would make warmstart treat it as a model without turns (no
-message anchors, replies re-prefilled in whole batches after they are sent), which
-no chat model of this size is.
+chat markup as control tokens, padded with unused tokens to the real model's size
+(the output layer, a fifth of a 1B model's weights, costs a decode step what the real
+one's does). The replies are noise; the timings are those of a real model of that
+size, and the prompt's structure that of a real chat model: a template of plain text
+would make warmstart treat it as a model without turns (no message anchors, replies
+re-prefilled in whole batches after they are sent), which no chat model of this size
+is. And its replies come back as a real model's do: the output layer's rows of every
+token but the printable ASCII bytes and <|eot_id|> are their mean, never the greedy
+pick, so a reply is text that tokenizes again into the tokens it was decoded as (a
+byte above 0x7F decoded alone is no text, and a space comes back as the three bytes of
+SentencePiece's U+2581): the next turn reuses it, as a chat with a real model does.
 
     python installers/gpu/synth_gguf.py OUT.gguf [--geometry llama-8b|llama-1b|tiny]
 """
@@ -36,7 +42,12 @@ CHAT_TEMPLATE = (
     "{% endif %}"
 )
 # the version of what `write` produces: a cached file of another one is written again
-FORMAT = 2
+# (3: the vocabulary padded to the real size, replies of printable ASCII)
+FORMAT = 3
+# the bytes a reply is made of (those that tokenize back into themselves), and the
+# first id of the 256 byte tokens
+PRINTABLE = range(0x21, 0x7F)
+FIRST_BYTE = 3
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class Geometry:
     n_head_kv: int
     n_ff: int
     n_ctx_train: int = 8192
+    n_vocab: int = 0  # the real model's vocabulary, padded to (0: the 262 tokens only)
 
     @property
     def head_dim(self) -> int:
@@ -60,25 +72,60 @@ class Geometry:
 GEOMETRIES = {
     # Llama-3-8B: 32 layers, 4096 wide, GQA 32/8, FFN 14336 (about 7.5 GB as Q8_0); the
     # context of Llama-3.1's, so that the restore-or-recompute sweep reaches 16K tokens
-    "llama-8b": Geometry(32, 4096, 32, 8, 14336, n_ctx_train=32768),
-    # Llama-3.2-1B: 16 layers, 2048 wide, GQA 32/8, FFN 8192 (about 1 GB as Q8_0)
-    "llama-1b": Geometry(16, 2048, 32, 8, 8192),
+    "llama-8b": Geometry(32, 4096, 32, 8, 14336, n_ctx_train=32768, n_vocab=128_256),
+    # Llama-3.2-1B: 16 layers, 2048 wide, GQA 32/8, FFN 8192, Llama 3's 128,256 tokens
+    # (about 1.5 GB as Q8_0, the embeddings untied)
+    "llama-1b": Geometry(16, 2048, 32, 8, 8192, n_vocab=128_256),
     # the default model's (SmolLM2-135M) shape: figures for it where it cannot be fetched
-    "smollm2-135m": Geometry(30, 576, 9, 3, 1536),
+    "smollm2-135m": Geometry(30, 576, 9, 3, 1536, n_vocab=49_152),
     # small enough for a CPU test in a second or two, same shape of model
     "tiny": Geometry(2, 256, 4, 2, 512, n_ctx_train=4096),
 }
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """<unk>, <s>, </s>, the 256 byte tokens (every text tokenizes: byte fallback) and
-    the chat markup's control tokens."""
+def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """<unk>, <s>, </s>, the 256 byte tokens (every text tokenizes: byte fallback),
+    unused tokens up to ``n_vocab`` in all (no text forms them: none of their pieces
+    is a token) and the chat markup's control tokens, <|eot_id|> last."""
     from gguf import TokenType
 
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(CONTROL)
-    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
-    types += [TokenType.BYTE] * 256 + [TokenType.CONTROL] * len(CONTROL)
+    base = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    unused = [f"<unused{i}>" for i in range(max(0, n_vocab - len(base) - len(CONTROL)))]
+    tokens = base + unused + list(CONTROL)
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    types += [TokenType.UNUSED] * len(unused) + [TokenType.CONTROL] * len(CONTROL)
     return tokens, [0.0] * len(tokens), [int(t) for t in types]
+
+
+def _rows(n_vocab: int, picks: dict[int, int], distinct: np.ndarray, rest: int) -> np.ndarray:
+    """An (n_vocab, ...) matrix of ``distinct``'s (quantized) rows: token ``t`` gets
+    row ``picks[t]``, every other token row ``rest`` (the file is written in seconds
+    whatever the vocabulary: 128K rows are copies, not draws)."""
+    import numpy as np
+
+    index = np.full(n_vocab, rest, dtype=np.int64)
+    index[list(picks)] = list(picks.values())
+    return distinct[index]
+
+
+def _embeddings(
+    tokens: list[str], types: list[int], n_embd: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The token embeddings (a row each but for the unused tokens, which no prompt
+    holds) and the output layer, whose rows are the mean of the printable bytes' and
+    <|eot_id|>'s for every other token (never the greedy pick: see the module's doc)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, TokenType, quants
+
+    used = [i for i, t in enumerate(types) if t != TokenType.UNUSED]
+    embd = _rows(
+        len(tokens), {t: k for k, t in enumerate(used)}, _weights((len(used), n_embd), rng), 0
+    )
+    sampled = [FIRST_BYTE + b for b in PRINTABLE] + [tokens.index("<|eot_id|>")]
+    rows = rng.standard_normal((len(sampled), n_embd), dtype=np.float32) / np.sqrt(n_embd)
+    distinct = np.vstack([rows, rows.mean(axis=0, keepdims=True)])
+    q = quants.quantize(distinct, GGMLQuantizationType.Q8_0)
+    return embd, _rows(len(tokens), {t: k for k, t in enumerate(sampled)}, q, len(sampled))
 
 
 def _weights(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -126,13 +173,13 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
     import numpy as np
 
     g, rng = geometry, np.random.default_rng(seed)
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(g.n_vocab)
     part = path.with_name(path.name + ".part")
     w = gguf.GGUFWriter(str(part), "llama")
     _describe(w, g, tokens, scores, types)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
-    n_vocab, kv = len(tokens), g.n_head_kv * g.head_dim
+    kv = g.n_head_kv * g.head_dim
     shared: dict[tuple[int, int], np.ndarray] = {}
 
     def matrix(rows: int, cols: int) -> np.ndarray:
@@ -142,7 +189,8 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
         return shared[(rows, cols)]
 
     ones = np.ones(g.n_embd, dtype=np.float32)
-    w.add_tensor("token_embd.weight", matrix(n_vocab, g.n_embd), raw_dtype=q8)
+    embd, output = _embeddings(tokens, types, g.n_embd, rng)
+    w.add_tensor("token_embd.weight", embd, raw_dtype=q8)
     for i in range(g.n_layer):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", ones)
@@ -155,7 +203,7 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
         w.add_tensor(b + "ffn_up.weight", matrix(g.n_ff, g.n_embd), raw_dtype=q8)
         w.add_tensor(b + "ffn_down.weight", matrix(g.n_embd, g.n_ff), raw_dtype=q8)
     w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", matrix(n_vocab, g.n_embd), raw_dtype=q8)
+    w.add_tensor("output.weight", output, raw_dtype=q8)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     w.write_header_to_file()

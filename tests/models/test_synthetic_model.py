@@ -40,3 +40,31 @@ def test_its_prompts_have_turns_as_a_real_chat_models_do(tmp_path: Path) -> None
         assert engine.model.is_eog(engine.model.n_vocab - 1)  # <|eot_id|> ends a reply
     finally:
         engine.close()
+
+
+def test_its_vocabulary_is_the_real_models_size_with_eot_last() -> None:
+    from warmstart.runtime.models._synthetic import vocabulary
+
+    tokens, scores, types = vocabulary(GEOMETRIES["llama-1b"].n_vocab)
+    assert len(tokens) == len(scores) == len(types) == 128_256  # Llama 3's
+    assert tokens[3 + 0x41] == "<0x41>" and tokens[-1] == "<|eot_id|>"
+    assert len(vocabulary()[0]) == 262  # unpadded: the byte tokens and the markup
+
+
+def test_its_replies_come_back_as_the_tokens_they_were_decoded_as(tmp_path: Path) -> None:
+    """A reply is printable ASCII, so the next turn, which sends it back as text,
+    reuses the reply's decoded tokens, as a real model's next turn does (the bench's
+    traces at a 1B shape measured the re-prefill of noise before: FORMAT 3)."""
+    from warmstart.runtime.serving._factory import build_runtime
+
+    from tests.conftest import chat, small_settings
+
+    path = synthetic_model("tiny", tmp_path)
+    settings = small_settings(tmp_path / "data", path, n_ctx=1024, extra_buffers="off")
+    with build_runtime(settings) as rt:
+        text, first = rt.generate(chat("What is KV cache?", max_tokens=12)).text()
+        _, second = rt.generate(chat("What is KV cache?", text, "Why?", max_tokens=4)).text()
+    assert text and all(0x21 <= ord(c) < 0x7F for c in text)
+    # the prompt, and the reply's tokens but its last (sampled, never decoded)
+    reused = first.prompt_tokens + first.completion_tokens - 1
+    assert second.restored["live"] >= reused
