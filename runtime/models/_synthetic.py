@@ -24,6 +24,7 @@ SentencePiece's U+2581): the next turn reuses it, as a chat with a real model do
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,7 +110,11 @@ def _rows(n_vocab: int, picks: dict[int, int], distinct: np.ndarray, rest: int) 
 
 
 def _embeddings(
-    tokens: list[str], types: list[int], n_embd: int, rng: np.random.Generator
+    tokens: list[str],
+    types: list[int],
+    n_embd: int,
+    rng: np.random.Generator,
+    reply_bytes: Sequence[int] = PRINTABLE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token embeddings (a row each but for the unused tokens, which no prompt
     holds) and the output layer, whose rows are the mean of the printable bytes' and
@@ -121,7 +126,7 @@ def _embeddings(
     embd = _rows(
         len(tokens), {t: k for k, t in enumerate(used)}, _weights((len(used), n_embd), rng), 0
     )
-    sampled = [FIRST_BYTE + b for b in PRINTABLE] + [tokens.index("<|eot_id|>")]
+    sampled = [FIRST_BYTE + b for b in reply_bytes] + [tokens.index("<|eot_id|>")]
     rows = rng.standard_normal((len(sampled), n_embd), dtype=np.float32) / np.sqrt(n_embd)
     distinct = np.vstack([rows, rows.mean(axis=0, keepdims=True)])
     q = quants.quantize(distinct, GGMLQuantizationType.Q8_0)
@@ -166,9 +171,13 @@ def _describe(
     w.add_chat_template(CHAT_TEMPLATE)
 
 
-def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
+def write(
+    path: Path, geometry: Geometry, seed: int = 0, reply_bytes: Sequence[int] = PRINTABLE
+) -> Path:
     """Writes the model to ``path`` (replacing it, whole or not at all: a file that
-    exists is complete, and a later step may reuse it) and returns ``path``."""
+    exists is complete, and a later step may reuse it) and returns ``path``.
+    ``reply_bytes``: the bytes its replies are made of (a test of what a reply of
+    UTF-8 lead bytes does asks for those)."""
     import gguf
     import numpy as np
 
@@ -189,7 +198,7 @@ def write(path: Path, geometry: Geometry, seed: int = 0) -> Path:
         return shared[(rows, cols)]
 
     ones = np.ones(g.n_embd, dtype=np.float32)
-    embd, output = _embeddings(tokens, types, g.n_embd, rng)
+    embd, output = _embeddings(tokens, types, g.n_embd, rng, reply_bytes)
     w.add_tensor("token_embd.weight", embd, raw_dtype=q8)
     for i in range(g.n_layer):
         b = f"blk.{i}."
