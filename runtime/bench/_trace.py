@@ -68,6 +68,21 @@ class Batching:
     tokens: int = 0
     most: int = 1
     reason: str = ""
+    # a decode step's mean ms by the replies it held, each run's mean pooled unweighted
+    step_ms: dict[int, float] = field(default_factory=dict)
+    runs: int = 1
+
+    def pool(self, other: Batching) -> None:
+        """Adds another run's (or pooled runs') figures to these."""
+        self.steps += other.steps
+        self.tokens += other.tokens
+        self.reason = other.reason
+        for n, ms in other.step_ms.items():
+            had, runs = self.step_ms.get(n), self.runs
+            self.step_ms[n] = (
+                ms if had is None else (had * runs + ms * other.runs) / (runs + other.runs)
+            )
+        self.runs += other.runs
 
 
 @dataclass(frozen=True)
@@ -108,11 +123,9 @@ class TraceResult:
         self.pauses += other.pauses
         self.requests += other.requests
         if other.batching is not None:
-            mine = self.batching or Batching(most=other.batching.most)
-            mine.steps += other.batching.steps
-            mine.tokens += other.batching.tokens
-            mine.reason = other.batching.reason
-            self.batching = mine
+            if self.batching is None:
+                self.batching = Batching(most=other.batching.most, runs=0)
+            self.batching.pool(other.batching)
 
 
 def _client(
@@ -197,11 +210,15 @@ def batching(base_url: str) -> Batching | None:
     except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors
         return None
     most = setting if isinstance(setting, dict) else {}
+    step_ms = stats.get("decode_step_ms")
     return Batching(
         steps=int(stats.get("batched_steps", 0)),  # type: ignore[call-overload]
         tokens=int(stats.get("batched_tokens", 0)),  # type: ignore[call-overload]
         most=int(most.get("value", 1)),
         reason=str(most.get("reason", "")),
+        step_ms={int(n): float(ms) for n, ms in step_ms.items()}
+        if isinstance(step_ms, dict)
+        else {},
     )
 
 
@@ -222,6 +239,14 @@ def _shared(r: TraceResult) -> str:
     tokens = r.completion_tokens
     share = f", {100 * r.batching.tokens / tokens:.0f}% of the replies' tokens" if tokens else ""
     return f"{r.batching.steps} steps ({r.batching.tokens} tokens{share})"
+
+
+def _steps(b: Batching) -> str:
+    """A decode step's mean time by the replies it held (what sharing a step costs)."""
+    if not b.step_ms:
+        return ""
+    parts = ", ".join(f"{n}: {ms:.0f} ms" for n, ms in sorted(b.step_ms.items()))
+    return f"; a decode step by the replies it held, mean: {parts}"
 
 
 def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
@@ -254,7 +279,7 @@ def trace_table(results: dict[str, TraceResult], plan: TracePlan) -> str:
             "the other way round); the figures pool every run"
         )
     notes = [
-        f"{name}: decode_batch {r.batching.most} ({r.batching.reason})"
+        f"{name}: decode_batch {r.batching.most} ({r.batching.reason})" + _steps(r.batching)
         for name, r in results.items()
         if r.batching is not None
     ]

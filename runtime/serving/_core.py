@@ -56,7 +56,7 @@ from ._draft import DraftJob, draft_key, draft_session, plan_draft
 from ._embeddings import Embedder
 from ._pipeline import Env, Job
 from ._sessions import SessionBook, check_session_id
-from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats
+from ._stats import DiskStats, LiveStats, MemoryStats, QueueStats, RamStats, Stats, decode_step_ms
 from ._streams import QueueStream
 from ._view import WorkerView
 from ._worker import Worker
@@ -447,6 +447,7 @@ class LocalRuntime:
             sessions=self.book.count(),
             batched_steps=c.get("batched_steps", 0),
             batched_tokens=c.get("batched_tokens", 0),
+            decode_step_ms=decode_step_ms(c),
             memory=self._memory_stats(store),
             store=store,
         )

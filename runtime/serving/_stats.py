@@ -149,6 +149,8 @@ class Stats:
     # decode steps that decoded several replies' tokens in one batch, and those tokens
     batched_steps: int = 0
     batched_tokens: int = 0
+    # a decode step's mean time in ms, by the replies it held ("1", "2", ...)
+    decode_step_ms: Mapping[str, float] = field(default_factory=dict)
     memory: MemoryStats | None = None
     store: StoreStats | None = None  # the store's own figures, as it gives them
 
@@ -171,6 +173,7 @@ class Stats:
             sessions=self.sessions,
             batched_steps=self.batched_steps,
             batched_tokens=self.batched_tokens,
+            decode_step_ms={n: round(ms, 2) for n, ms in self.decode_step_ms.items()},
         )
         return out
 
@@ -192,4 +195,20 @@ class Stats:
         for name, kind in (("live", LiveStats), ("ram", RamStats), ("disk", DiskStats)):
             if name in tiers:
                 body[name] = _read(kind, tiers[name])
+        steps = body.get("decode_step_ms", {})
+        if not isinstance(steps, Mapping) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in steps.values()
+        ):
+            raise ValueError("Stats: decode_step_ms must be an object of numbers")
         return _read(cls, body)
+
+
+def decode_step_ms(counters: Mapping[str, int]) -> dict[str, float]:
+    """A decode step's mean time in ms by the replies it held, from the worker's
+    ``decode_steps_N`` and ``decode_us_N`` counters."""
+    out: dict[str, float] = {}
+    for name, steps in counters.items():
+        if name.startswith("decode_steps_") and steps:
+            n = name.removeprefix("decode_steps_")
+            out[n] = counters.get(f"decode_us_{n}", 0) / steps / 1000
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))

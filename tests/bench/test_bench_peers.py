@@ -153,8 +153,10 @@ def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
     tokens and the reason for decode_batch;
     llama-server has none."""
     plan = TracePlan.make(True, clients=2)  # 8 requests of 8 tokens
-    ours = TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=Batching(10, 20, 8, "measured"))
-    ours.add(TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=Batching(12, 24, 8, "measured")))
+    one = Batching(10, 20, 8, "measured", step_ms={1: 10.0, 4: 30.0})
+    two = Batching(12, 24, 8, "measured", step_ms={1: 20.0, 2: 15.0})
+    ours = TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=one)
+    ours.add(TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=two))
     pooled = TraceResult()
     pooled.add(ours)
     theirs = TraceResult([0.1] * 16, [30.0] * 16, 128, 8.0)
@@ -164,6 +166,8 @@ def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
     assert row.split("|")[2:4] == [" - ", " 22 steps (44 tokens, 34% of the replies' tokens) "]
     assert "warmstart: decode_batch 8 (measured)" in table
     assert "llama-server: decode_batch" not in table
+    # each run's mean step by its replies, the runs' means pooled
+    assert "held, mean: 1: 15 ms, 2: 15 ms, 4: 30 ms" in table
 
 
 def test_an_unknown_system_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,6 +50,9 @@ def test_concurrent_replies_in_shared_batches_equal_each_alone(  # type: ignore[
     stats = rt.stats()
     assert stats["batched_steps"] > 0, stats
     assert stats["batched_tokens"] > 2 * stats["batched_steps"], stats  # not pairs only
+    # a step's mean time by its replies, counted as the steps were: one at least shared
+    steps = stats["decode_step_ms"]
+    assert steps and all(ms > 0 for ms in steps.values()) and max(map(int, steps)) > 2, steps
     rt.close()
     oracle = make_runtime(tmp_path / "oracle", no_cache=True, decode_batch=1)
     for request, reply in zip(requests, replies, strict=True):

@@ -37,6 +37,7 @@ def test_a_full_value_round_trips_and_unknown_figures_stay_out() -> None:
         live=LiveStats(10, 100, 1000, sequences=2, resident=1),
         disk=DiskStats(5, 50, 500, chunks=1, kv_bytes=40, degraded=False),
         queue=QueueStats(0, 1, 8),
+        decode_step_ms={"1": 12.5, "4": 30.25},
         memory=MemoryStats(floor_bytes=1 << 30),
         store=StoreStats(chunks=1),
     )
@@ -56,6 +57,8 @@ def test_a_full_value_round_trips_and_unknown_figures_stay_out() -> None:
         {"requests": True},
         {"whatever": 1},
         {"tiers": []},
+        {"decode_step_ms": {"1": "fast"}},
+        {"decode_step_ms": [12.5]},
     ],
 )
 def test_another_shape_is_refused(bad: dict[str, object]) -> None:
