@@ -117,7 +117,7 @@ def _embeddings(
     reply_bytes: Sequence[int] = PRINTABLE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token embeddings (a row each but for the unused tokens, which no prompt
-    holds) and the output layer, whose rows are the mean of the printable bytes' and
+    holds) and the output layer, whose rows are the mean of the ``reply_bytes``' and
     <|eot_id|>'s for every other token (never the greedy pick: see the module's doc)."""
     import numpy as np
     from gguf import GGMLQuantizationType, TokenType, quants
