@@ -43,6 +43,18 @@ def test_so_do_a_sliding_window_models(gemma_path: Path) -> None:
     assert all(c.same for c in checks), [c.describe() for c in checks]
 
 
+@pytest.mark.slow
+def test_so_do_a_model_of_q8_0_weights(tmp_path: Path) -> None:
+    """Every product of a synthetic Llama-shaped model is Q8_0 (of the default model,
+    the output layer only): the rowwise Q8_0 kernel carries every layer of its decode
+    steps, and each reply still gets the bits it gets alone."""
+    from warmstart.runtime.models import synthetic_model
+
+    checks = _checks(synthetic_model("tiny", tmp_path))
+    assert [c.n_seqs for c in checks] == [2, 4, 8]
+    assert all(c.same for c in checks), [c.describe() for c in checks]
+
+
 def test_the_probe_stops_when_its_engine_is_interrupted(model_path: Path) -> None:
     """Its context shares the abort flag of the one it is measured for: a request that
     interrupts that engine stops the probe too, with nothing of it kept, and the same
