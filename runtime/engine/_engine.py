@@ -223,8 +223,14 @@ class LlamaEngine(Residents):
         """Decodes one generated token of each of several replies in one llama.cpp batch
         and returns each one's next-token logits, in order. Only as many as the
         calibration proved get the bits they get alone (``Tuning.decode_batch``): the
-        worker never asks for more."""
-        batch = [(res.seq, token, len(res.tokens)) for res, token in steps]
+        worker never asks for more.
+
+        The batch goes in order of sequence: with a KV stream per sequence, llama.cpp
+        puts sequences in one micro-batch only while each one's id follows the last
+        one's, so four replies in the worker's order (round robin: sequences 3, 2, 1, 0)
+        took four passes over the weights where in order they take one."""
+        order = sorted(range(len(steps)), key=lambda i: steps[i][0].seq)
+        batch = [(steps[i][0].seq, steps[i][1], len(steps[i][0].tokens)) for i in order]
         self.decoding = len(batch)
         try:
             ret = self.ctx.decode_each(batch)
@@ -232,10 +238,11 @@ class LlamaEngine(Residents):
             self.decoding = 0
         if ret != 0:  # nothing of the batch is kept (decode_each removed it)
             raise EngineError("a batched decode step of several replies did not run")
-        out = []
-        for i, (res, token) in enumerate(steps):
+        out: list[np.ndarray] = [np.empty(0)] * len(steps)
+        for row, i in enumerate(order):
+            res, token = steps[i]
             res.computed((token,))
-            out.append(self.ctx.logits_at(i))
+            out[i] = self.ctx.logits_at(row)
         return out
 
     def sampler(self, sampling: Sampling) -> Sampler:
