@@ -104,24 +104,36 @@ class Request:
 
 @dataclass
 class TraceResult:
-    ttfts: list[float] = field(default_factory=list)
-    decode_tps: list[float] = field(default_factory=list)
-    completion_tokens: int = 0
+    """A trace's requests (in the order they ended) and the figures drawn from them."""
+
+    requests: list[Request] = field(default_factory=list)
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
-    pauses: list[float] = field(default_factory=list)  # each reply's longest
     batching: Batching | None = None  # None: the server has no such figures
-    requests: list[Request] = field(default_factory=list)  # in the order they ended
+
+    @property
+    def ttfts(self) -> list[float]:
+        return [r.ttft for r in self.requests]
+
+    @property
+    def decode_tps(self) -> list[float]:
+        """Each reply's decode rate, of replies long enough to have one (4 tokens)."""
+        return [r.decode_tps for r in self.requests if r.completion_tokens >= 4]
+
+    @property
+    def pauses(self) -> list[float]:
+        """Each reply's longest pause between two pieces of its text (where it had two)."""
+        return [r.longest_pause for r in self.requests if not math.isnan(r.longest_pause)]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.requests)
 
     def add(self, other: TraceResult) -> None:
         """Pools another run of the same trace into this one."""
-        self.ttfts += other.ttfts
-        self.decode_tps += other.decode_tps
-        self.completion_tokens += other.completion_tokens
+        self.requests += other.requests
         self.wall_s += other.wall_s
         self.errors += other.errors
-        self.pauses += other.pauses
-        self.requests += other.requests
         if other.batching is not None:
             if self.batching is None:
                 self.batching = Batching(most=other.batching.most, runs=0)
@@ -155,12 +167,6 @@ def _client(
                 return
             history[chat].append((question, reply.text))
             with lock:
-                out.ttfts.append(reply.ttft)
-                out.completion_tokens += reply.completion_tokens
-                if reply.completion_tokens >= 4:
-                    out.decode_tps.append(reply.decode_tps)
-                if not math.isnan(reply.longest_pause):
-                    out.pauses.append(reply.longest_pause)
                 out.requests.append(
                     Request(
                         index, chat, turn, sent - began[0], reply.ttft, reply.decode_tps,

@@ -18,6 +18,23 @@ from warmstart.runtime.bench._trace import Batching, TracePlan, TraceResult
 from tests.bench.conftest import fake_system
 
 
+def _result(
+    ttfts: list[float],
+    tps: float,
+    tokens: int,
+    wall_s: float,
+    batching: Batching | None = None,
+    pauses: list[float] | None = None,
+) -> TraceResult:
+    """A trace of len(ttfts) requests, each reply ``tokens`` tokens decoded at ``tps``."""
+    pauses = pauses or [math.nan] * len(ttfts)
+    requests = [
+        _trace.Request(0, 0, 0, 0.0, ttft, tps, pause, tokens, 100, None)
+        for ttft, pause in zip(ttfts, pauses, strict=True)
+    ]
+    return TraceResult(requests, wall_s, batching=batching)
+
+
 def test_the_prompts_are_the_same_in_every_run_and_differ_between_chats() -> None:
     assert _peers.document(7, 2_000) == _peers.document(7, 2_000)
     assert _peers.document(7, 2_000) != _peers.document(8, 2_000)
@@ -103,8 +120,8 @@ def test_the_scenario_table_has_every_case_and_the_ratio() -> None:
 def test_the_trace_table_shows_the_tail_of_each_system() -> None:
     plan = TracePlan.make(False)
     assert plan.requests == 36 and plan.clients * plan.chats > 4  # more than fit live
-    fast = TraceResult([0.1] * 35 + [2.0], [30.0] * 36, 576, 12.0)
-    fast.pauses = [0.02] * 35 + [3.0]  # one reply stood still for 3 s
+    # one reply stood still for 3 s
+    fast = _result([0.1] * 35 + [2.0], 30.0, 16, 12.0, pauses=[0.02] * 35 + [3.0])
     table = _trace.trace_table({"llama-server": fast, "warmstart": fast}, plan)
     p99 = next(x for x in table.splitlines() if x.startswith("| P99 TTFT"))
     assert p99.split("|")[2].strip() == "2.000 s"
@@ -133,7 +150,7 @@ def test_the_trace_takes_n_clients_in_the_same_total_context(tmp_path: Path) -> 
 def test_a_trace_only_report_names_the_trace_servers_settings(tmp_path: Path) -> None:
     plan = TracePlan.make(True, clients=8)
     setup = Setup(tmp_path / "m.gguf", 2, [], None, None)
-    trace = {"warmstart": TraceResult([0.1] * 32, [30.0] * 32, 256, 4.0)}
+    trace = {"warmstart": _result([0.1] * 32, 30.0, 8, 4.0)}
     text = bench_peers.render({}, trace, ["warmstart"], setup, plan)
     assert text.splitlines()[0] == "model m.gguf"  # no scenario: nothing of it named
     assert "llama-server -t 2 -np 8 -c 8192" in text and "--n-ctx 1024" in text
@@ -155,11 +172,11 @@ def test_the_trace_table_shows_the_decode_steps_replies_shared() -> None:
     plan = TracePlan.make(True, clients=2)  # 8 requests of 8 tokens
     one = Batching(10, 20, 8, "measured", step_ms={1: 10.0, 4: 30.0})
     two = Batching(12, 24, 8, "measured", step_ms={1: 20.0, 2: 15.0})
-    ours = TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=one)
-    ours.add(TraceResult([0.1] * 8, [30.0] * 8, 64, 4.0, batching=two))
+    ours = _result([0.1] * 8, 30.0, 8, 4.0, batching=one)
+    ours.add(_result([0.1] * 8, 30.0, 8, 4.0, batching=two))
     pooled = TraceResult()
     pooled.add(ours)
-    theirs = TraceResult([0.1] * 16, [30.0] * 16, 128, 8.0)
+    theirs = _result([0.1] * 16, 30.0, 8, 8.0)
     table = _trace.trace_table({"llama-server": theirs, "warmstart": pooled}, plan)
     row = next(x for x in table.splitlines() if x.startswith("| decode steps shared"))
     # 128 tokens of 16 replies, 44 of them decoded in shared steps
@@ -299,7 +316,7 @@ def test_the_trace_runs_interleaved_and_pools_every_run(
 
     def run_trace(server: _servers.Server, home: Path, plan: TracePlan) -> TraceResult:
         order.append(server.name)
-        return TraceResult([0.1] * plan.requests, [20.0], 16, 10.0)
+        return _result([0.1] * plan.requests, 20.0, 16, 10.0)
 
     def server(setup: object, name: str, clients: int) -> _servers.Server:
         return _servers.Server(name, lambda port, home: [])
