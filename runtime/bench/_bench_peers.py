@@ -148,7 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="default",
         help="a GGUF file, a catalogue name pulled as warmstart would, or a model of a real "
         "shape with random weights, written on first use into --cache/models: "
-        "synth:llama-1b (Llama-3.2-1B's), synth:llama-8b (Llama-3-8B's)",
+        "synth:llama-1b (Llama-3.2-1B's), synth:llama-8b (Llama-3-8B's), Q8_0; each "
+        "with -q4km (synth:llama-1b-q4km) as a Q4_K_M file's K-quants",
     )
     p.add_argument(
         "--llama-server",

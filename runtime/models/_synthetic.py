@@ -18,6 +18,11 @@ pick, so a reply is text that tokenizes again into the tokens it was decoded as 
 byte above 0x7F decoded alone is no text, and a space comes back as the three bytes of
 SentencePiece's U+2581): the next turn reuses it, as a chat with a real model does.
 
+With the suffix ``-q4km`` (``synth:llama-1b-q4km``) the layers' weights are K-quants as
+in the Q4_K_M files most people run (Q4_K, and Q6_K for ``attn_v`` and ``ffn_down``),
+random blocks written as they are (no quantizer: their kernels cost what a real file's
+do); the embeddings and the output layer stay Q8_0, the replies as above.
+
     python installers/gpu/synth_gguf.py OUT.gguf [--geometry llama-8b|llama-1b|tiny]
 """
 
@@ -142,8 +147,41 @@ def _weights(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     return quants.quantize(data, GGMLQuantizationType.Q8_0)
 
 
+# the K-quant mix's suffix, and the bytes of a K-quant block of 256 weights
+K_MIX = "-q4km"
+_QK_K = 256
+
+
+def _k_blocks(shape: tuple[int, int], qtype: Any, rng: np.random.Generator) -> np.ndarray:
+    """Random Q4_K or Q6_K blocks of a (rows, cols) matrix, as bytes: the quantized
+    values and sub-block scales drawn at random, each block's fp16 scale set so that a
+    weight is about as large as a trained layer's (1/sqrt(cols))."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    rows, cols = shape
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    assert block == _QK_K and cols % _QK_K == 0, (shape, qtype)
+    out = rng.integers(0, 256, size=(rows, cols // _QK_K, nbytes), dtype=np.uint8)
+    unit = 1.0 / np.sqrt(cols)
+    if qtype == GGMLQuantizationType.Q4_K:  # d, dmin, 12 bytes of 6-bit scales, 128 of nibbles
+        d = unit / (31.5 * 4.6)  # a sub-block's scale about 31.5, a nibble's spread 4.6
+        out[..., 0:2] = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+        out[..., 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), dtype=np.uint8)
+    else:  # Q6_K: 128 bytes of low bits, 64 of high bits, 16 int8 scales, d
+        out[..., 192:208] = rng.integers(1, 32, size=16, dtype=np.uint8)
+        d = unit / (16.0 * 18.5)  # a scale about 16, a 6-bit value's spread 18.5
+        out[..., 208:210] = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+    return out.reshape(rows, -1)
+
+
 def _describe(
-    w: Any, g: Geometry, tokens: list[str], scores: list[float], types: list[int]
+    w: Any,
+    g: Geometry,
+    tokens: list[str],
+    scores: list[float],
+    types: list[int],
+    k_mix: bool = False,
 ) -> None:
     """The header's metadata: the geometry, the tokenizer and the chat template."""
     import gguf
@@ -158,7 +196,7 @@ def _describe(
     w.add_rope_dimension_count(g.head_dim)
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if k_mix else gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -172,12 +210,17 @@ def _describe(
 
 
 def write(
-    path: Path, geometry: Geometry, seed: int = 0, reply_bytes: Sequence[int] = PRINTABLE
+    path: Path,
+    geometry: Geometry,
+    seed: int = 0,
+    reply_bytes: Sequence[int] = PRINTABLE,
+    k_mix: bool = False,
 ) -> Path:
     """Writes the model to ``path`` (replacing it, whole or not at all: a file that
     exists is complete, and a later step may reuse it) and returns ``path``.
     ``reply_bytes``: the bytes its replies are made of (a test of what a reply of
-    UTF-8 lead bytes does asks for those)."""
+    UTF-8 lead bytes does asks for those). ``k_mix``: the layers' weights as a Q4_K_M
+    file's (see the module's doc)."""
     import gguf
     import numpy as np
 
@@ -185,17 +228,24 @@ def write(
     tokens, scores, types = vocabulary(g.n_vocab)
     part = path.with_name(path.name + ".part")
     w = gguf.GGUFWriter(str(part), "llama")
-    _describe(w, g, tokens, scores, types)
+    _describe(w, g, tokens, scores, types, k_mix)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
+    q4k, q6k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
     kv = g.n_head_kv * g.head_dim
-    shared: dict[tuple[int, int], np.ndarray] = {}
+    shared: dict[tuple[int, int, Any], np.ndarray] = {}
 
-    def matrix(rows: int, cols: int) -> np.ndarray:
+    def matrix(rows: int, cols: int, k_type: Any = q4k) -> tuple[np.ndarray, Any]:
         # one draw per shape, shared by every layer: same compute, seconds to write
-        if (rows, cols) not in shared:
-            shared[(rows, cols)] = _weights((rows, cols), rng)
-        return shared[(rows, cols)]
+        qtype = k_type if k_mix else q8
+        if (rows, cols, qtype) not in shared:
+            shared[(rows, cols, qtype)] = (
+                _weights((rows, cols), rng) if qtype == q8 else _k_blocks((rows, cols), qtype, rng)
+            )
+        return shared[(rows, cols, qtype)], qtype
+
+    def add(name: str, weights: tuple[np.ndarray, Any]) -> None:
+        w.add_tensor(name, weights[0], raw_dtype=weights[1])
 
     ones = np.ones(g.n_embd, dtype=np.float32)
     embd, output = _embeddings(tokens, types, g.n_embd, rng, reply_bytes)
@@ -203,14 +253,14 @@ def write(
     for i in range(g.n_layer):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", ones)
-        w.add_tensor(b + "attn_q.weight", matrix(g.n_embd, g.n_embd), raw_dtype=q8)
-        w.add_tensor(b + "attn_k.weight", matrix(kv, g.n_embd), raw_dtype=q8)
-        w.add_tensor(b + "attn_v.weight", matrix(kv, g.n_embd), raw_dtype=q8)
-        w.add_tensor(b + "attn_output.weight", matrix(g.n_embd, g.n_embd), raw_dtype=q8)
+        add(b + "attn_q.weight", matrix(g.n_embd, g.n_embd))
+        add(b + "attn_k.weight", matrix(kv, g.n_embd))
+        add(b + "attn_v.weight", matrix(kv, g.n_embd, q6k))
+        add(b + "attn_output.weight", matrix(g.n_embd, g.n_embd))
         w.add_tensor(b + "ffn_norm.weight", ones)
-        w.add_tensor(b + "ffn_gate.weight", matrix(g.n_ff, g.n_embd), raw_dtype=q8)
-        w.add_tensor(b + "ffn_up.weight", matrix(g.n_ff, g.n_embd), raw_dtype=q8)
-        w.add_tensor(b + "ffn_down.weight", matrix(g.n_embd, g.n_ff), raw_dtype=q8)
+        add(b + "ffn_gate.weight", matrix(g.n_ff, g.n_embd))
+        add(b + "ffn_up.weight", matrix(g.n_ff, g.n_embd))
+        add(b + "ffn_down.weight", matrix(g.n_embd, g.n_ff, q6k))
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", output, raw_dtype=q8)
 
@@ -235,8 +285,20 @@ def synthetic_model(geometry: str, folder: Path) -> Path:
     """The synthetic model of that geometry in ``folder``, written on first use (about a
     second a GB) and reused after; the file's name carries FORMAT, so a file written
     by another version of this module is never taken for this one's."""
-    if geometry not in GEOMETRIES:
+    shape = geometry.removesuffix(K_MIX)
+    if shape not in GEOMETRIES:
         known = ", ".join(PREFIX + name for name in sorted(GEOMETRIES))
-        raise ModelNotFound(f"no synthetic model {PREFIX}{geometry}: choose from {known}")
+        raise ModelNotFound(
+            f"no synthetic model {PREFIX}{geometry}: choose from {known} "
+            f"(each also as Q4_K_M: {PREFIX}<name>{K_MIX})"
+        )
+    k_mix, g = geometry.endswith(K_MIX), GEOMETRIES[shape]
+    if k_mix and (g.n_embd % _QK_K or g.n_ff % _QK_K):
+        raise ModelNotFound(
+            f"no synthetic model {PREFIX}{geometry}: its rows ({g.n_embd}, {g.n_ff} wide) "
+            f"are no whole K-quant blocks of {_QK_K}"
+        )
     path = folder / f"synthetic-{geometry}-v{FORMAT}.gguf"
-    return path if path.is_file() else write(path, GEOMETRIES[geometry])
+    if path.is_file():
+        return path
+    return write(path, g, k_mix=k_mix)

@@ -68,3 +68,26 @@ def test_its_replies_come_back_as_the_tokens_they_were_decoded_as(tmp_path: Path
     # the prompt, and the reply's tokens but its last (sampled, never decoded)
     reused = first.prompt_tokens + first.completion_tokens - 1
     assert second.restored["live"] >= reused
+
+
+def test_its_q4_k_m_mix_has_the_k_quants_and_still_answers_in_text(tmp_path: Path) -> None:
+    """``synth:<shape>-q4km``: the layers as in a Q4_K_M file (Q4_K, Q6_K for attn_v and
+    ffn_down; random blocks, no quantizer), which llama.cpp loads and decodes into
+    the same printable replies."""
+    from gguf import GGUFReader
+    from warmstart.runtime.serving._factory import build_runtime
+
+    from tests.conftest import chat, small_settings
+
+    path = synthetic_model("tiny-q4km", tmp_path)
+    assert path.name.startswith("synthetic-tiny-q4km-v")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["blk.0.attn_q.weight"] == types["blk.1.ffn_up.weight"] == "Q4_K"
+    assert types["blk.0.attn_v.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["output.weight"] == "Q8_0"  # the replies' rows (see the module's doc)
+    settings = small_settings(tmp_path / "data", path, n_ctx=1024, extra_buffers="off")
+    with build_runtime(settings) as rt:
+        text, _ = rt.generate(chat("What is KV cache?", max_tokens=8)).text()
+    assert text and all(0x21 <= ord(c) < 0x7F for c in text)
+    with pytest.raises(ModelNotFound, match="K-quant blocks"):
+        synthetic_model("smollm2-135m-q4km", tmp_path)  # 576 wide
