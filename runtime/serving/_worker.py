@@ -413,21 +413,20 @@ class Worker:
         try:
             if len(pairs) == 1:
                 self.engine.step(*pairs[0])  # its logits are the context's last ones
-                self._timed_step(1, began)
-                return alone, None
-            logits: list[np.ndarray | None] = list(self.engine.step_many(pairs))
+                logits = alone
+            else:
+                logits = list(self.engine.step_many(pairs))
         except Exception as exc:
             return alone, exc
-        self._timed_step(len(pairs), began)
-        self.counters["batched_steps"] += 1
-        self.counters["batched_tokens"] += len(pairs)
+        # a step's count and time by its replies (the stats' mean step by size: what a
+        # step of several costs beside a step of one)
+        n = len(pairs)
+        self.counters[f"decode_steps_{n}"] += 1
+        self.counters[f"decode_us_{n}"] += round(1e6 * (time.perf_counter() - began))
+        if n > 1:
+            self.counters["batched_steps"] += 1
+            self.counters["batched_tokens"] += n
         return logits, None
-
-    def _timed_step(self, replies: int, began: float) -> None:
-        """Counts a decode step of ``replies`` replies and its time (the stats' mean
-        step by size: what a step of several costs beside a step of one)."""
-        self.counters[f"decode_steps_{replies}"] += 1
-        self.counters[f"decode_us_{replies}"] += round(1e6 * (time.perf_counter() - began))
 
     def _resume(
         self, active: Active, job: Job, turn: Turn, error: BaseException | None = None
